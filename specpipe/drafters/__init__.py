@@ -1,0 +1,1 @@
+"""Drafter plug-ins, chosen by `conf/draft/*.yaml` (`_target_`)."""

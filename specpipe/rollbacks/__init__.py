@@ -1,0 +1,1 @@
+"""Rollback plug-ins, chosen by `conf/rollback/*.yaml` (`_target_`)."""

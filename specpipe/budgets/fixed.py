@@ -1,0 +1,22 @@
+"""`budget=fixed`: draft the same k every step."""
+
+from __future__ import annotations
+
+from specpipe.errors import SpecpipeError
+
+K_MAX = 32
+
+
+class FixedBudget:
+    name = "fixed"
+
+    def __init__(self, k: int = 4, **_runtime):
+        if not 1 <= k <= K_MAX:
+            raise SpecpipeError(f"budget.k={k} is out of range: choose 1..{K_MAX} (or draft=none for plain decoding)")
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Fixed budgets ignore outcomes; adaptive ones learn from them."""

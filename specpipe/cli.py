@@ -1,0 +1,136 @@
+"""`specpipe`: the Hydra app. Thin: preload BLAS, check the overrides,
+call `runner.run(cfg)`, print the stream and a summary line.
+
+Every user error ends as one line on stderr and a non-zero exit, never a
+traceback: config errors exit 2, model/run errors exit 1, Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_CONFIG, EXIT_RUN, EXIT_INTERRUPTED = 2, 1, 130
+
+
+def main() -> None:
+    _preload_blas()
+    argv = sys.argv[1:]
+    if not _is_hydra_meta(argv):
+        message = validate_overrides(argv)
+        if message:
+            _fail(message, EXIT_CONFIG)
+    import hydra
+
+    import specpipe.config  # noqa: F401  (registers the schemas)
+
+    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="config")(_task)()
+
+
+def _task(cfg) -> None:
+    from specpipe.errors import SpecpipeError
+    from specpipe.runner import run
+
+    printer = TerminalPrinter(stream=cfg.stream)
+    try:
+        result = run(cfg, on_event=printer)
+    except SpecpipeError as exc:
+        _fail(str(exc), EXIT_RUN)
+    except KeyboardInterrupt:
+        _fail("interrupted before generation started; nothing was written", EXIT_INTERRUPTED)
+    print(summary_line(result), file=sys.stderr)
+    if result.stop_reason == "interrupted":
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def validate_overrides(overrides: list[str]) -> str | None:
+    """Compose the config once to catch bad overrides; return a one-line message or None."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    import specpipe.config  # noqa: F401
+
+    plain = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    try:
+        with initialize_config_module(config_module="specpipe.conf", version_base=None):
+            compose(config_name="config", overrides=plain)
+    except (HydraException, OmegaConfBaseException) as exc:
+        return describe_config_error(exc)
+    return None
+
+
+def describe_config_error(exc: Exception) -> str:
+    """One actionable line from Hydra/OmegaConf's multi-line messages."""
+    import re
+
+    text = str(exc)
+    cause = str(exc.__cause__ or "")
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = [o.strip() for o in text.split(f"Available options in '{group}':")[-1].split("Config search path")[0].split()]
+        options = [o for o in options if not o.endswith("_schema")]
+        return f"unknown option {group}={option}: choose one of {', '.join(options)}"
+    key = re.search(r"full_key: (\S+)", cause)
+    if "not in" in cause and key:
+        return f"unknown config key {key.group(1)!r}: check the spelling (`specpipe --cfg job` lists every key)"
+    if "could not be converted" in cause and key:
+        return f"{key.group(1)}: {cause.splitlines()[0]}"
+    return "bad configuration: " + " ".join(text.split())
+
+
+def _is_hydra_meta(argv: list[str]) -> bool:
+    """Flags Hydra handles itself (help, --cfg, multirun sweeps): skip pre-validation."""
+    return any(a in ("-h", "--help", "--hydra-help", "-m", "--multirun", "-c", "--cfg", "--info", "-i") or a.startswith("--") for a in argv)
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"specpipe: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _preload_blas() -> None:
+    try:
+        from specpipe.engine.blas import preload_blas
+    except ImportError:
+        return
+    info = preload_blas()
+    if info.notice:
+        print(f"specpipe: {info.notice}", file=sys.stderr)
+
+
+class TerminalPrinter:
+    """Streams generated text to stdout as Emitted events arrive."""
+
+    def __init__(self, stream: bool = True):
+        self.stream = stream
+
+    def __call__(self, event) -> None:
+        from specpipe.events import Emitted, RunFinished, RunStarted
+
+        if isinstance(event, RunStarted):
+            draft = f" + draft {event.draft.name}" if event.draft else ""
+            print(f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
+                  f"budget={event.budget}, rollback={event.rollback}", file=sys.stderr)
+        elif isinstance(event, Emitted) and self.stream:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, RunFinished):
+            if not self.stream:
+                sys.stdout.write(event.text)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+def summary_line(result) -> str:
+    s = result.stats
+    return (
+        f"-- {s.generated_tokens} tokens ({result.stop_reason}) | acceptance {s.acceptance_rate:.0%} "
+        f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
+        f"TTFT {s.ttft_s:.2f}s | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
+        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS | {result.output_dir}"
+    )
+
+
+if __name__ == "__main__":
+    main()

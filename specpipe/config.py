@@ -1,0 +1,112 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each `conf/<group>/<option>.yaml` names its schema first in its defaults
+list, so a wrong type or an unknown key fails when the config is composed,
+before any model loads. Range checks that need logic live in the plug-in
+constructors (they raise SpecpipeError).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: Optional[str] = "smollm2-135m"  # packaged name or "tiny-random"
+    path: Optional[str] = None  # GGUF file / model folder / HF-cache repo id; wins over name
+    arch: str = "llama"  # tiny-random only: any mlx-lm model_type
+    seed: int = 0  # tiny-random only: weight seed
+    tiny: Dict[str, Any] = field(default_factory=dict)  # tiny-random only: config overrides
+
+
+@dataclass
+class QuantConfig:
+    precision: str = "stored"  # stored | float32 | bfloat16 | float16 | mlx4 | mlx8
+
+
+@dataclass
+class PluginConfig:
+    _target_: str = MISSING
+    _partial_: bool = True
+    name: str = MISSING
+
+
+@dataclass
+class NoneDraftConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class NgramDraftConfig(PluginConfig):
+    min_n: int = 1
+    max_n: int = 4
+    window: int = 4096
+
+
+@dataclass
+class ModelDraftConfig(PluginConfig):
+    model: str = "self"  # packaged name, or "self" to draft with the target
+    path: Optional[str] = None
+    quant: Optional[str] = None  # None: same precision as the target
+
+
+@dataclass
+class FixedBudgetConfig(PluginConfig):
+    k: int = 4
+
+
+@dataclass
+class TrimRollbackConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class PromptConfig:
+    text: str = MISSING
+    chat: bool = True  # wrap in the model's chat template when it has one
+    system: Optional[str] = None
+
+
+@dataclass
+class SpecpipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    draft: Any = MISSING
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    budget: Any = MISSING
+    rollback: Any = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    max_tokens: int = 128
+    stream: bool = True  # print text as it is generated
+    output_dir: Optional[str] = None  # None: Hydra's run folder
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="specpipe_schema", node=SpecpipeConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="quant", name="quant_schema", node=QuantConfig)
+    cs.store(group="draft", name="none_schema", node=NoneDraftConfig)
+    cs.store(group="draft", name="ngram_schema", node=NgramDraftConfig)
+    cs.store(group="draft", name="model_schema", node=ModelDraftConfig)
+    cs.store(group="budget", name="fixed_schema", node=FixedBudgetConfig)
+    cs.store(group="rollback", name="trim_schema", node=TrimRollbackConfig)
+    cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
+    cs.store(group="prompt", name="prompt_schema", node=PromptConfig)
+
+
+register()

@@ -1,0 +1,66 @@
+"""`draft=model`: a smaller model of the same tokenizer drafts greedily.
+
+`draft.model=self` drafts with the target's own weights (separate cache):
+a self-test whose greedy acceptance must be 1.0. The draft cache holds the
+context plus the first k-1 drafted tokens after `propose`; the rollback
+stage trims what the target rejected.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from specpipe.engine.engine import same_vocabulary
+from specpipe.errors import SpecpipeError
+from specpipe.stages.draft import Draft
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, **_runtime):
+        """
+        Args:
+            target: the target Engine (reused when model == "self").
+            load: callable(name, path, precision) -> Engine, from the runner.
+            model: packaged name, "self", or ignored when `path` is set.
+            path: GGUF file or model folder of the draft model.
+            quant: draft weight precision; None = same as the target's config.
+        """
+        if model == "self" and not path:
+            self.engine = target
+        else:
+            self.engine = load(name=None if path else model, path=path, precision=quant)
+            diff = same_vocabulary(target, self.engine)
+            if diff is not None:
+                raise SpecpipeError(
+                    f"draft model {self.engine.info.name} and target {target.info.name} have different "
+                    f"tokenizers ({diff}): pick a draft model of the same family, or draft=ngram"
+                )
+        self.cache = self.engine.make_cache()
+        self.cached_len = 0
+        self.forwards = 0
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.engine.prefill(prompt_ids[:-1], self.cache)
+        self.cached_len = len(prompt_ids) - 1
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft(token_ids=[])
+        # Feed what the draft cache has not seen yet (at least the last token),
+        # then chain k greedy steps. The graph is built lazily and evaluated
+        # once at the end: no host round trip per drafted token.
+        y = mx.array(context_ids[self.cached_len :], dtype=mx.uint32)
+        fed = len(context_ids) - self.cached_len
+        tokens = []
+        for i in range(k):
+            logits = self.engine.forward(y, self.cache)
+            y = mx.argmax(logits[-1:], axis=-1).astype(mx.uint32)
+            tokens.append(y)
+            if i < k - 1:
+                fed += 1
+        self.forwards += k
+        self.cached_len += fed
+        draft_ids = mx.concatenate(tokens).tolist()
+        return Draft(token_ids=draft_ids)

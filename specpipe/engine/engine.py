@@ -1,0 +1,94 @@
+"""The MLX engine: one loaded model, its tokenizer, its caches, its forwards.
+
+Contract: stages hand it token ids and a cache and get float32 logits back,
+one row per input position. It knows nothing of drafting, verification or
+GGUF files; loaders (engine/loader.py) build it, stages only call it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from specpipe.events import ModelInfo
+
+PREFILL_CHUNK = 512
+
+
+class Engine:
+    """A model ready to run forwards.
+
+    Args:
+        model: an mlx-lm model (callable as `model(ids[None], cache=cache)`).
+        tokenizer: mlx-lm `TokenizerWrapper` (has `.detokenizer`, `.eos_token_ids`).
+        info: what was loaded, for reports.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, info: ModelInfo):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self.tokenizer.eos_token_ids or ())
+
+    def make_cache(self) -> list:
+        """A fresh per-layer cache (KV for attention, state for recurrent layers)."""
+        return make_prompt_cache(self.model)
+
+    def forward(self, token_ids: mx.array, cache: list) -> mx.array:
+        """Run the model over `token_ids` appended to `cache`.
+
+        Args:
+            token_ids: [n] int array (or list) of new positions.
+            cache: the cache from `make_cache`, updated in place.
+
+        Returns:
+            [n, vocab] float32 logits (lazy: nothing is evaluated here).
+        """
+        if not isinstance(token_ids, mx.array):
+            token_ids = mx.array(token_ids, dtype=mx.uint32)
+        logits = self.model(token_ids[None], cache=cache)
+        return logits[0].astype(mx.float32)
+
+    def prefill(self, token_ids: list[int], cache: list) -> None:
+        """Feed a prompt in chunks, evaluating as it goes to bound memory."""
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            chunk = mx.array(token_ids[start : start + PREFILL_CHUNK], dtype=mx.uint32)
+            self.model(chunk[None], cache=cache)
+            mx.eval([c.state for c in cache])
+
+    def encode_prompt(self, text: str, chat: bool, system: str | None = None) -> list[int]:
+        """Token ids for `text`, through the chat template when asked and available."""
+        tok = self.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": text})
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(tok.encode(text))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+
+def same_vocabulary(a: Engine, b: Engine) -> str | None:
+    """Compare two tokenizers token by token.
+
+    Returns:
+        None when every token string maps to the same id in both, else a short
+        description of the first difference (for the error message).
+    """
+    va, vb = a.tokenizer.get_vocab(), b.tokenizer.get_vocab()
+    if va == vb:
+        return None
+    if len(va) != len(vb):
+        return f"{len(va)} vs {len(vb)} tokens"
+    for token, idx in va.items():
+        if vb.get(token) != idx:
+            return f"token {token!r} is id {idx} in one and {vb.get(token)} in the other"
+    return "vocabularies differ"

@@ -1,0 +1,148 @@
+"""Turn a model spec (packaged name, GGUF file, model folder, tiny random)
+into an Engine, fully offline.
+
+Contract: `load_engine(name=..., path=..., precision=...)` returns an Engine or
+raises SpecpipeError with one actionable line. No hub access, ever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from specpipe.engine.build import apply_precision, build_model, weight_dtype
+from specpipe.engine.engine import Engine
+from specpipe.errors import SpecpipeError
+from specpipe.events import ModelInfo
+
+TINY = "tiny-random"
+
+
+def load_engine(
+    name: str | None = None,
+    path: str | None = None,
+    precision: str = "stored",
+    arch: str = "llama",
+    seed: int = 0,
+    tiny: dict | None = None,
+) -> Engine:
+    """Load one model.
+
+    Args:
+        name: a packaged model name (`specpipe-models list`) or "tiny-random".
+        path: a GGUF file, an mlx-lm / Hugging Face model folder, or a
+            Hugging Face repo id found in the local HF cache. Wins over `name`.
+        precision: weight precision (see engine/build.py PRECISIONS).
+        arch, seed, tiny: for "tiny-random": mlx-lm model_type, weight seed,
+            config overrides.
+    """
+    if path:
+        engine = _load_path(str(path))
+    elif name == TINY:
+        engine = _load_tiny(arch, seed, tiny or {})
+    elif name:
+        engine = _load_packaged(name)
+    else:
+        raise SpecpipeError("no model given: set model=<packaged name> or model.path=<file.gguf|folder>")
+    apply_precision(engine.model, precision)
+    engine.info = _with_precision(engine.info, engine.model)
+    return engine
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _load_packaged(name: str) -> Engine:
+    from specpipe.engine import model_store
+
+    if name not in model_store.PACKAGED_MODELS:
+        known = ", ".join(sorted(model_store.PACKAGED_MODELS) + [TINY])
+        raise SpecpipeError(f"unknown model {name!r}: choose one of {known}, or set model.path=<file.gguf|folder>")
+    gguf_path = model_store.model_path(name)
+    sha = model_store.PACKAGED_MODELS[name].sha256
+    return _load_gguf(gguf_path, name=name, source="packaged", sha256=sha)
+
+
+def _load_path(path: str) -> Engine:
+    p = Path(path).expanduser()
+    if not p.exists():
+        from specpipe.engine.model_store import resolve_hf_cache
+
+        if "/" in path and not path.startswith((".", "/", "~")):
+            found = resolve_hf_cache(path)
+            if found is not None:
+                return _load_folder(found, name=path)
+        raise SpecpipeError(f"model.path {path!r} does not exist: give a .gguf file, a model folder, or a repo id in the local Hugging Face cache")
+    if p.is_dir():
+        return _load_folder(p, name=p.name)
+    return _load_gguf(p, name=p.stem, source="gguf", sha256=file_sha256(p))
+
+
+def _load_gguf(path: Path, name: str, source: str, sha256: str) -> Engine:
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+
+    from specpipe.engine.gguf import read_gguf
+
+    ckpt = read_gguf(path)
+    model = build_model(ckpt.config, ckpt.weights, ckpt.quantization)
+    tokenizer = TokenizerWrapper(ckpt.tokenizer, BPEStreamingDetokenizer, eos_token_ids=ckpt.eos_token_ids)
+    info = ModelInfo(name=name, source=source, arch=ckpt.config["model_type"], precision="", path=str(path), sha256=sha256)
+    return Engine(model, tokenizer, info)
+
+
+def _load_folder(path: Path, name: str) -> Engine:
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    if not (path / "config.json").exists():
+        raise SpecpipeError(f"{path} has no config.json: give an mlx-lm / Hugging Face model folder or a .gguf file")
+    try:
+        model, config = load_model(path)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except (FileNotFoundError, ValueError) as exc:
+        raise SpecpipeError(f"cannot load model folder {path}: {exc}") from exc
+    digest = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        digest.update(file_sha256(f).encode())
+    info = ModelInfo(name=name, source="folder", arch=config["model_type"], precision="", path=str(path), sha256=digest.hexdigest())
+    return Engine(model, tokenizer, info)
+
+
+def _load_tiny(arch: str, seed: int, overrides: dict) -> Engine:
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+
+    from specpipe.engine.tiny import build_tiny, byte_tokenizer
+
+    model, config = build_tiny(arch, seed, overrides)
+    tok = byte_tokenizer()
+    tokenizer = TokenizerWrapper(tok, BPEStreamingDetokenizer, eos_token_ids=[tok.eos_token_id])
+    spec = json.dumps({"arch": arch, "seed": seed, "config": config}, sort_keys=True)
+    info = ModelInfo(name=f"{TINY}-{arch}", source=TINY, arch=arch, precision="", sha256=hashlib.sha256(spec.encode()).hexdigest())
+    return Engine(model, tokenizer, info)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _with_precision(info: ModelInfo, model) -> ModelInfo:
+    params = tree_flatten(model.parameters())
+    import msgspec
+
+    return msgspec.structs.replace(
+        info,
+        precision=weight_dtype(model),
+        parameters=sum(v.size for _, v in params if v.dtype != mx.uint32),
+        weight_bytes=sum(v.nbytes for _, v in params),
+    )
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """Content hash of a file, streamed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,117 @@
+"""Tiny randomly initialised mlx-lm models with a byte-level tokenizer.
+
+`model=tiny-random model.arch=<mlx-lm model_type>` builds one: small enough
+to run in milliseconds, seeded so the same seed gives the same weights, and
+with a real tokenizer (256 byte tokens + a few specials) so text round-trips.
+Used by tests, demos and checks; never a stand-in for a real model's numbers.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+
+from specpipe.engine.build import model_classes
+from specpipe.errors import SpecpipeError
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VOCAB_SIZE = 256 + len(SPECIALS)
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Shared small dimensions; per-architecture extras below.
+_BASE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    vocab_size=VOCAB_SIZE,
+    rope_theta=10000.0,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+
+ARCH_EXTRAS: dict[str, dict] = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": {},
+    "gemma3_text": dict(query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2),
+    "phi3": {},
+    "olmo2": {},
+}
+
+
+def tiny_config(arch: str, overrides: dict | None = None) -> dict:
+    """The mlx-lm config dict of a tiny `arch` model."""
+    config = {"model_type": arch, **_BASE, **ARCH_EXTRAS.get(arch, {}), **(overrides or {})}
+    return config
+
+
+def build_tiny(arch: str, seed: int = 0, overrides: dict | None = None):
+    """Build a seeded random float32 model.
+
+    Weights are drawn from N(0, 0.02·√(hidden/…))-like scales by mlx's own
+    initialisers, then the embeddings and output layer are widened so logits
+    spread out: argmax near-ties (where float rounding could flip a greedy
+    token) become rare.
+
+    Returns:
+        (model, config)
+    """
+    config = tiny_config(arch, overrides)
+    model_cls, args_cls = model_classes(config)
+    mx.random.seed(seed)
+    try:
+        model = model_cls(args_cls.from_dict(config))
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise SpecpipeError(
+            f"cannot build a tiny {arch!r} model ({exc}); pass its required sizes with "
+            "model.tiny={...} or choose another model.arch"
+        ) from exc
+    key = mx.random.key(seed)
+
+    def init(path_value):
+        path, value = path_value
+        nonlocal key
+        if not mx.issubdtype(value.dtype, mx.floating) or value.ndim < 2:
+            return value  # norms, biases and scalars keep their defaults
+        key, sub = mx.random.split(key)
+        scale = 1.0 if "embed" in path or "lm_head" in path else value.shape[-1] ** -0.5
+        return mx.random.normal(value.shape, key=sub) * scale
+
+    flat = [(p, init((p, v))) for p, v in tree_flatten(model.parameters())]
+    model.load_weights(flat, strict=False)
+    model.update(tree_map(lambda v: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+    model.eval()
+    mx.eval(model.parameters())
+    return model, config
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer with no merges: every byte is one token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for special in SPECIALS:
+        vocab[special] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS,
+    )
+    fast.chat_template = CHATML
+    return fast

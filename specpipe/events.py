@@ -1,0 +1,169 @@
+"""Typed events: the only thing consumers (terminal, TUI, benchmark) see.
+
+The pipeline yields one event per thing that happens; `events.jsonl` is these
+events, one JSON object per line, tagged by `kind`. New fields get defaults
+so old recordings stay readable. Nothing here imports mlx.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+
+
+class Base(msgspec.Struct, tag_field="kind", tag=_snake, frozen=True, kw_only=True):
+    """Common fields: `t` is seconds since the run started (after loading)."""
+
+    t: float = 0.0
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What was loaded: enough to reproduce and to label a report."""
+
+    name: str
+    source: str  # "packaged" | "gguf" | "folder" | "tiny-random"
+    arch: str
+    precision: str
+    path: str = ""
+    sha256: str = ""
+    parameters: int = 0
+    weight_bytes: int = 0
+
+
+class RunStarted(Base, kw_only=True):
+    target: ModelInfo
+    draft: ModelInfo | None = None
+    drafter: str  # "ngram" | "model" | "none" | ...
+    budget: str
+    rollback: str
+    compare: str = "greedy"
+    prompt_text: str = ""
+    prompt_ids: list[int] = []
+    max_tokens: int
+    config_yaml: str = ""
+
+
+class PrefillDone(Base, kw_only=True):
+    tokens: int
+    seconds: float
+
+
+class Drafted(Base, kw_only=True):
+    """A drafter proposed `draft_ids` for this step (may be fewer than k)."""
+
+    step: int
+    k: int
+    draft_ids: list[int]
+    seconds: float
+
+
+class Verified(Base, kw_only=True):
+    """One target forward scored the draft; the comparator's verdict.
+
+    Exactly one of `recovered_id` (target token at the first rejection) and
+    `bonus_id` (target token after a fully accepted draft) is set.
+    """
+
+    step: int
+    accepted_ids: list[int]
+    rejected_ids: list[int]
+    recovered_id: int | None = None
+    bonus_id: int | None = None
+    seconds: float
+
+
+class RolledBack(Base, kw_only=True):
+    """Caches were brought back to the accepted length."""
+
+    step: int
+    strategy: str
+    target_dropped: int
+    draft_dropped: int
+    seconds: float
+
+
+class Emitted(Base, kw_only=True):
+    """Tokens appended to the output (accepted + recovered/bonus, cut at stop)."""
+
+    step: int
+    token_ids: list[int]
+    text: str
+    from_draft: int  # how many of token_ids came from the draft (the rest from the target)
+
+
+class LatencyStats(msgspec.Struct, frozen=True, kw_only=True):
+    p50: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+
+
+class RunStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Figures of one run; see metrics.py for the definitions."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    acceptance_length: float = 0.0
+    tokens_per_forward: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    ttft_s: float = 0.0
+    wall_s: float = 0.0
+    latency_ms: LatencyStats = LatencyStats()
+    peak_memory_bytes: int = 0
+    peak_rss_bytes: int = 0
+
+
+class RunFinished(Base, kw_only=True):
+    stop_reason: str  # "eos" | "max_tokens" | "interrupted" | "error"
+    token_ids: list[int]
+    text: str
+    stats: RunStats
+
+
+class RunError(Base, kw_only=True):
+    message: str
+
+
+Event = Union[RunStarted, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError]
+
+EVENT_TYPES = (RunStarted, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError)
+
+
+class EventWriter:
+    """Appends events to a JSONL file, one encoder reused for every line."""
+
+    def __init__(self, path):
+        self._file = open(path, "wb")
+        self._encoder = msgspec.json.Encoder()
+        self._buffer = bytearray()
+
+    def write(self, event: Event) -> None:
+        self._encoder.encode_into(event, self._buffer)
+        self._buffer.extend(b"\n")
+        self._file.write(self._buffer)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_events(path) -> list[Event]:
+    """Decode a recorded `events.jsonl`."""
+    with open(path, "rb") as f:
+        return msgspec.json.Decoder(Event).decode_lines(f.read())

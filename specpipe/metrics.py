@@ -1,0 +1,109 @@
+"""Run statistics built from the event stream alone (no mlx here).
+
+Definitions (vLLM's vocabulary):
+- acceptance rate = accepted / drafted
+- acceptance length = 1 + accepted / steps (the +1 is the recovered/bonus token)
+- tokens per forward = generated tokens / target forwards after prefill
+- latency: per-token gaps; an emission of m tokens arriving `gap` seconds
+  after the previous one counts as m gaps of gap/m (time per output token).
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+from specpipe.events import (
+    Drafted,
+    Emitted,
+    Event,
+    LatencyStats,
+    PrefillDone,
+    RunStarted,
+    RunStats,
+    Verified,
+)
+
+
+class StatsCollector:
+    """Feed it every event with `consume`; ask for `stats()` at any time."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.prefill_s = 0.0
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.draft_forwards = 0
+        self.token_ids: list[int] = []
+        self.text_parts: list[str] = []
+        self._gaps: list[float] = []
+        self._first_emit_t: float | None = None
+        self._last_emit_t = 0.0
+        self._prefill_end_t = 0.0
+
+    def consume(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            self.prompt_tokens = len(event.prompt_ids)
+        elif isinstance(event, PrefillDone):
+            self.prefill_s = event.seconds
+            self._prefill_end_t = event.t
+            self._last_emit_t = event.t
+        elif isinstance(event, Drafted):
+            self.drafted += len(event.draft_ids)
+        elif isinstance(event, Verified):
+            self.steps += 1
+            self.accepted += len(event.accepted_ids)
+        elif isinstance(event, Emitted) and event.token_ids:
+            if self._first_emit_t is None:
+                self._first_emit_t = event.t
+            m = len(event.token_ids)
+            self._gaps.extend([(event.t - self._last_emit_t) / m] * m)
+            self._last_emit_t = event.t
+            self.token_ids.extend(event.token_ids)
+            self.text_parts.append(event.text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def stats(self, draft_forwards: int = 0, peak_memory_bytes: int = 0, wall_s: float = 0.0) -> RunStats:
+        generated = len(self.token_ids)
+        decode_s = self._last_emit_t - self._prefill_end_t
+        return RunStats(
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=generated,
+            steps=self.steps,
+            target_forwards=self.steps,
+            draft_forwards=draft_forwards,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
+            acceptance_length=1 + self.accepted / self.steps if self.steps else 0.0,
+            tokens_per_forward=generated / self.steps if self.steps else 0.0,
+            prefill_tok_s=self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0,
+            decode_tok_s=generated / decode_s if decode_s > 0 else 0.0,
+            ttft_s=self._first_emit_t or 0.0,
+            wall_s=wall_s,
+            latency_ms=percentiles_ms(self._gaps),
+            peak_memory_bytes=peak_memory_bytes,
+            peak_rss_bytes=peak_rss_bytes(),
+        )
+
+
+def percentiles_ms(gaps_s: list[float]) -> LatencyStats:
+    """p50/p95/p99 of gaps in seconds, reported in milliseconds (nearest rank)."""
+    if not gaps_s:
+        return LatencyStats()
+    ordered = sorted(gaps_s)
+
+    def rank(q: float) -> float:
+        return 1000.0 * ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+    return LatencyStats(p50=rank(0.50), p95=rank(0.95), p99=rank(0.99))
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

@@ -1,0 +1,136 @@
+"""The step loop: draft -> verify -> compare -> rollback -> bonus, as events.
+
+Contract: `SpeculativePipeline.run(prompt_ids, max_tokens)` yields typed
+events (events.py) ending in exactly one RunFinished, also on Ctrl-C. It
+delegates every decision to its stages and touches MLX only through them
+and the target Engine.
+
+Cache invariant: the target cache holds every context token except the
+newest one (`last_id`), which the next verify feeds first.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import mlx.core as mx
+
+from specpipe.events import Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
+from specpipe.metrics import StatsCollector
+from specpipe.stages.draft import Draft
+from specpipe.stages.verify import verify
+
+
+class SpeculativePipeline:
+    def __init__(self, target, drafter, budget, comparator, rollback, bonus, started: RunStarted | None = None):
+        self.target, self.drafter, self.budget = target, drafter, budget
+        self.comparator, self.rollback, self.bonus = comparator, rollback, bonus
+        self.started = started
+        self.rollback.check(target.make_cache(), "target")
+        if drafter.cache is not None:
+            self.rollback.check(drafter.cache, "draft")
+
+    def run(self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None) -> Iterator[Event]:
+        """Generate up to `max_tokens` tokens after `prompt_ids`.
+
+        Args:
+            prompt_ids: the prompt, at least one token.
+            max_tokens: upper bound on emitted tokens.
+            stop_ids: ids that end generation (excluded from the output);
+                defaults to the target's EOS ids.
+        """
+        stop_ids = self.target.eos_token_ids if stop_ids is None else stop_ids
+        collector = StatsCollector()
+        t0 = time.perf_counter()
+        clock = lambda: time.perf_counter() - t0  # noqa: E731
+        detok = self.target.tokenizer.detokenizer
+        detok.reset()
+        mx.reset_peak_memory()
+
+        def emit(event: Event) -> Event:
+            collector.consume(event)
+            return event
+
+        def finish(reason: str) -> RunFinished:
+            detok.finalize()
+            stats = collector.stats(self.drafter.forwards, mx.get_peak_memory(), clock())
+            return RunFinished(t=clock(), stop_reason=reason, token_ids=collector.token_ids, text=collector.text, stats=stats)
+
+        if self.started is not None:
+            yield emit(self.started)
+        context = list(prompt_ids)
+        output: list[int] = []
+        try:
+            # ---- prefill: both caches see the prompt, except its last token
+            cache = self.target.make_cache()
+            self.target.prefill(context[:-1], cache)
+            self.drafter.prefill(context)
+            yield emit(PrefillDone(t=clock(), tokens=len(context), seconds=clock()))
+            last_id, step, reason = context[-1], 0, "max_tokens"
+
+            while len(output) < max_tokens:
+                step += 1
+                # ---- draft: never more than the tokens still wanted, minus the bonus
+                k = min(self.budget.next_k(), max_tokens - len(output) - 1)
+                s = time.perf_counter()
+                draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
+                draft.token_ids = draft.token_ids[: max(k, 0)]
+                k_eff = len(draft.token_ids)
+                yield emit(Drafted(t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=time.perf_counter() - s))
+
+                # ---- verify + compare + bonus
+                s = time.perf_counter()
+                logits = verify(self.target, cache, last_id, draft.token_ids)
+                verdict = self.comparator.compare(draft, logits)
+                n = verdict.accepted
+                bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
+                new_ids = draft.token_ids[:n] + [verdict.recovered_id if bonus_id is None else bonus_id]
+                yield emit(Verified(
+                    t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
+                    recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
+                    seconds=time.perf_counter() - s,
+                ))
+
+                # ---- rollback: keep context + accepted drafts in both caches
+                s = time.perf_counter()
+                target_drop = k_eff - n
+                draft_drop = max(0, self.drafter.cached_len - (len(context) + n))
+                self.rollback.rollback(cache, target_drop)
+                if self.drafter.cache is not None:
+                    self.rollback.rollback(self.drafter.cache, draft_drop)
+                    self.drafter.cached_len -= draft_drop
+                self.budget.observe(k_eff, n)
+                yield emit(RolledBack(
+                    t=clock(), step=step, strategy=self.rollback.name, target_dropped=target_drop,
+                    draft_dropped=draft_drop, seconds=time.perf_counter() - s,
+                ))
+
+                # ---- emit, cut at a stop token or at max_tokens
+                kept, from_draft = cut(new_ids, n, stop_ids, max_tokens - len(output))
+                for tid in kept:
+                    detok.add_token(tid)
+                yield emit(Emitted(t=clock(), step=step, token_ids=kept, text=detok.last_segment, from_draft=from_draft))
+                output.extend(kept)
+                context.extend(new_ids)
+                last_id = new_ids[-1]
+                if len(kept) < len(new_ids) and len(output) < max_tokens:
+                    reason = "eos"
+                    break
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        yield emit(finish(reason))
+
+
+def cut(new_ids: list[int], n_from_draft: int, stop_ids: set[int], room: int) -> tuple[list[int], int]:
+    """Tokens of this step that reach the output.
+
+    Example: new_ids [4, 9, 2, 7] (3 from the draft), stop {2}, room 10
+    -> ([4, 9], 2): the stop token and everything after it are dropped.
+    """
+    kept = []
+    for tid in new_ids[:room]:
+        if tid in stop_ids:
+            break
+        kept.append(tid)
+    return kept, min(len(kept), n_from_draft)

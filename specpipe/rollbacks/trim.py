@@ -1,0 +1,34 @@
+"""`rollback=trim`: truncate attention KV caches (offset -= n).
+
+Refuses, before the run, caches with non-trimmable layers (recurrent state:
+Mamba, Gated DeltaNet, ...), because truncation would silently keep state
+from rejected tokens.
+"""
+
+from __future__ import annotations
+
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+from specpipe.errors import SpecpipeError
+
+
+class TrimRollback:
+    name = "trim"
+
+    def __init__(self, **_runtime):
+        self.dropped = 0
+
+    def check(self, cache: list, role: str) -> None:
+        if not can_trim_prompt_cache(cache):
+            kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
+            raise SpecpipeError(
+                f"rollback=trim cannot roll back the {role} model: its layers use {', '.join(kinds)} "
+                "(recurrent state, not truncatable); use draft=none until a recurrent rollback "
+                "strategy (checkpoint / recompute) is available"
+            )
+
+    def rollback(self, cache: list, n_drop: int) -> None:
+        if n_drop > 0:
+            trimmed = trim_prompt_cache(cache, n_drop)
+            assert trimmed == n_drop, f"trimmed {trimmed} of {n_drop} positions"
+            self.dropped += n_drop

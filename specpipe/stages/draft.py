@@ -1,0 +1,38 @@
+"""Draft stage: a drafter proposes up to k next tokens for the context.
+
+Contract: `propose(context_ids, k)` returns a Draft of at most k ids (maybe
+none). A drafter that runs a model keeps its own cache and says how many
+context tokens it holds, so the rollback stage can trim it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class Draft:
+    """Proposed continuation.
+
+    token_ids: the proposed ids, len <= k.
+    probs: [len, vocab] draft distribution per position when the drafter has
+        one (model drafters), None for point-mass drafters such as n-gram.
+    """
+
+    token_ids: list[int]
+    probs: Any = None
+
+
+class Drafter(Protocol):
+    name: str
+    engine: Any  # the Engine it runs, or None (n-gram, none)
+    cache: list | None  # its own cache, trimmed by the rollback stage
+    cached_len: int  # context tokens held in `cache`
+    forwards: int  # model forwards spent drafting so far
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """See the prompt once before the first step."""
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        """Propose up to k tokens to follow `context_ids`."""
