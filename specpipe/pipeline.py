@@ -27,6 +27,8 @@ class SpeculativePipeline:
         self.target, self.drafter, self.budget = target, drafter, budget
         self.comparator, self.rollback, self.bonus = comparator, rollback, bonus
         self.started = started
+        self.cache: list | None = None  # the last run's target cache and context (multi-turn reuse, tests)
+        self.context: list[int] = []
         self.rollback.check(target.make_cache(), "target")
         if drafter.cache is not None:
             self.rollback.check(drafter.cache, "draft")
@@ -59,11 +61,11 @@ class SpeculativePipeline:
 
         if self.started is not None:
             yield emit(self.started)
-        context = list(prompt_ids)
+        context = self.context = list(prompt_ids)
         output: list[int] = []
         try:
             # ---- prefill: both caches see the prompt, except its last token
-            cache = self.target.make_cache()
+            cache = self.cache = self.target.make_cache()
             self.target.prefill(context[:-1], cache)
             self.drafter.prefill(context)
             yield emit(PrefillDone(t=clock(), tokens=len(context), seconds=clock()))

@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny random engines, the packaged SmolLM2, and a helper
+that runs the pipeline directly (no Hydra) and returns ids + final event."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Load the optimised BLAS (if any) before mlx, as the CLI does.
+try:
+    from specpipe.engine.blas import preload_blas
+
+    preload_blas()
+except ImportError:  # pragma: no cover
+    pass
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from specpipe.budgets.fixed import FixedBudget
+from specpipe.drafters.model import ModelDrafter
+from specpipe.drafters.ngram import NgramDrafter
+from specpipe.drafters.none import NoneDrafter
+from specpipe.engine.engine import Engine
+from specpipe.engine.loader import load_engine
+from specpipe.events import RunFinished
+from specpipe.pipeline import SpeculativePipeline
+from specpipe.rollbacks.trim import TrimRollback
+from specpipe.stages.bonus import GreedyBonus
+from specpipe.stages.compare import GreedyComparator
+
+CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "specpipe", "conf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    from specpipe.engine.model_store import model_path
+
+    return model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf):
+    return load_engine("smollm2-135m", precision="float32")
+
+
+def tiny(arch: str = "llama", seed: int = 0) -> Engine:
+    return load_engine("tiny-random", precision="float32", arch=arch, seed=seed)
+
+
+def noisy_copy(engine: Engine, scale: float, seed: int = 1) -> Engine:
+    """A drafter that mostly agrees with `engine`: same weights plus noise."""
+    clone = load_engine("tiny-random", precision="float32", arch=engine.info.arch, seed=0)
+    key = mx.random.key(seed)
+    params = []
+    for path, value in tree_flatten(engine.model.parameters()):
+        key, sub = mx.random.split(key)
+        params.append((path, value + scale * mx.random.normal(value.shape, key=sub) * mx.std(value)))
+    clone.model.load_weights(params)
+    mx.eval(clone.model.parameters())
+    return clone
+
+
+def make_drafter(kind: str, target: Engine, draft_engine: Engine | None = None):
+    if kind == "none":
+        return NoneDrafter()
+    if kind == "ngram":
+        return NgramDrafter(min_n=1, max_n=3)
+    if kind == "self":
+        return ModelDrafter(target=target, load=None, model="self")
+    if kind == "model":
+        return ModelDrafter(target=target, load=lambda **_: draft_engine, model="other")
+    raise ValueError(kind)
+
+
+def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens: int, stop_ids=None):
+    """Run the pipeline; return (token ids, RunFinished, all events, pipeline)."""
+    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), TrimRollback(), GreedyBonus())
+    events = list(pipe.run(prompt_ids, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))
+    final = events[-1]
+    assert isinstance(final, RunFinished)
+    return final.token_ids, final, events, pipe
+
+
+def first_difference(target: Engine, prompt_ids: list[int], expected: list[int], got: list[int]) -> str:
+    """Where two greedy outputs part, and the target's top-2 logit margin there."""
+    i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    cache = target.make_cache()
+    logits = target.forward(mx.array(prompt_ids + expected[:i], dtype=mx.uint32), cache)[-1]
+    top = mx.sort(logits)[-2:].tolist()
+    return f"first difference at position {i}: expected {expected[i:i+3]}, got {got[i:i+3]}; top-2 margin {top[1] - top[0]:.3g}"

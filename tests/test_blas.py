@@ -1,0 +1,115 @@
+"""BLAS preload: each case runs in a fresh interpreter, since loading must precede `import mlx.core`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specpipe.engine import blas
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preloading only happens on Linux")
+
+DEBIAN_OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+
+PRELOAD_AND_MATMUL = """
+import json, sys
+from specpipe.engine.blas import preload_blas, blas_info
+info = preload_blas()
+assert preload_blas("none") is info  # idempotent: the first choice sticks
+import numpy as np
+import mlx.core as mx
+rng = np.random.default_rng(0)
+a = rng.standard_normal((256, 192), dtype=np.float32)
+b = rng.standard_normal((192, 128), dtype=np.float32)
+c = np.array(mx.matmul(mx.array(a), mx.array(b)))
+ref = a.astype(np.float64) @ b.astype(np.float64)
+print(json.dumps({"info": info.__dict__, "after": blas_info().__dict__,
+                  "maxdiff": float(np.abs(c - ref).max()), "scale": float(np.abs(ref).max())}))
+"""
+
+
+def _run(code: str, **env: str | None) -> dict:
+    full = dict(os.environ)
+    for k, v in env.items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    proc = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_preload_then_matmul_matches_numpy():
+    out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS=None)
+    assert out["maxdiff"] <= 1e-5 * out["scale"] * 192 ** 0.5
+    assert out["after"] == out["info"]
+    if os.path.exists(DEBIAN_OPENBLAS) and "OPENBLAS_CORETYPE" not in os.environ:
+        assert out["info"]["name"] == "openblas" and out["info"]["notice"] is None
+    elif out["info"]["name"] == "reference":
+        assert "libopenblas0-pthread" in out["info"]["notice"]  # tells the user how to get a fast one
+
+
+def test_none_gives_reference():
+    out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS="none")
+    assert out["info"] == {"name": "reference", "path": None, "notice": None}
+    assert out["maxdiff"] <= 1e-5 * out["scale"] * 192 ** 0.5
+
+
+@pytest.mark.parametrize("bogus", ["/nonexistent/libblas.so", "/etc/hostname"])
+def test_bogus_path_is_a_notice_not_a_crash(bogus):
+    if not os.path.exists(bogus) and bogus == "/etc/hostname":
+        pytest.skip("no /etc/hostname")
+    out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS=bogus)
+    info = out["info"]
+    assert info["name"] == "reference" and info["path"] is None
+    assert bogus in info["notice"] and "\n" not in info["notice"]
+
+
+def test_too_late_after_mlx_import():
+    code = """
+import json, mlx.core
+from specpipe.engine.blas import preload_blas
+print(json.dumps(preload_blas().__dict__))
+"""
+    info = _run(code, SPECPIPE_BLAS=None)
+    assert info["name"] == "reference" and "imported before" in info["notice"]
+
+
+def test_explicit_path(tmp_path):
+    if not os.path.exists(DEBIAN_OPENBLAS):
+        pytest.skip("Debian libopenblas0-pthread not installed")
+    out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS=DEBIAN_OPENBLAS)
+    assert out["info"] == {"name": "openblas", "path": DEBIAN_OPENBLAS, "notice": None}
+
+
+def test_coretype_is_a_known_value_and_user_setting_wins():
+    assert blas._openblas_coretype() in (None, "SkylakeX", "Haswell")
+    code = """
+import json, os
+from specpipe.engine.blas import preload_blas
+preload_blas("openblas")
+print(json.dumps({"core": os.environ.get("OPENBLAS_CORETYPE")}))
+"""
+    assert _run(code, SPECPIPE_BLAS=None, OPENBLAS_CORETYPE="Haswell")["core"] == "Haswell"
+
+
+def test_blas_info_loads_nothing():
+    # In the test process mlx may already be imported: blas_info only reports.
+    assert blas.blas_info().name in ("openblas", "mkl", "reference")
+
+
+def test_nothing_found_gives_install_hint(monkeypatch):
+    # _choose is the search itself, without the once-per-process state: safe to call in-process
+    # because with no candidates it loads nothing.
+    monkeypatch.setattr(blas, "_openblas_candidates", lambda: [])
+    monkeypatch.setattr(blas, "_mkl_candidates", lambda: [])
+    monkeypatch.delenv("SPECPIPE_BLAS", raising=False)
+    info = blas._choose("auto")
+    assert info.name == "reference" and info.path is None
+    assert "apt-get install libopenblas0-pthread" in info.notice and "pip install mkl" in info.notice
+    assert "\n" not in info.notice
