@@ -21,7 +21,7 @@ class ModelConfig:
     path: Optional[str] = None  # GGUF file / model folder / HF-cache repo id; wins over name
     arch: str = "llama"  # tiny-random only: any mlx-lm model_type
     seed: int = 0  # tiny-random only: weight seed
-    tiny: Dict[str, Any] = field(default_factory=dict)  # tiny-random only: config overrides
+    tiny: Dict[str, Any] = field(default_factory=dict)  # tiny-random only: +model.tiny.hidden_size=256
 
 
 @dataclass

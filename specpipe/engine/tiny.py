@@ -72,7 +72,7 @@ def build_tiny(arch: str, seed: int = 0, overrides: dict | None = None):
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise SpecpipeError(
             f"cannot build a tiny {arch!r} model ({exc}); pass its required sizes with "
-            "model.tiny={...} or choose another model.arch"
+            "+model.tiny.<key>=<value> or choose another model.arch"
         ) from exc
     key = mx.random.key(seed)
 

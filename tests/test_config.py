@@ -1,0 +1,76 @@
+"""Hydra compose tests: every option of every group composes and builds;
+bad overrides give one line."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hydra import compose, initialize
+from hydra.utils import instantiate
+
+import specpipe.config  # noqa: F401
+from conftest import CONF_DIR, tiny
+from specpipe.cli import validate_overrides
+from specpipe.errors import SpecpipeError
+
+GROUPS = ["model", "draft", "quant", "budget", "rollback", "sampling", "prompt", "experiment"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml"))
+
+
+def compose_with(overrides):
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in options(g)])
+def test_every_option_composes(override):
+    cfg = compose_with([override])
+    assert cfg.max_tokens > 0 and cfg.prompt.text
+
+
+@pytest.mark.parametrize("option", options("draft"))
+def test_every_drafter_builds_against_a_tiny_model(option):
+    cfg = compose_with([f"draft={option}"])
+    target = tiny("llama")
+    drafter = instantiate(cfg.draft)(target=target, load=None)
+    assert drafter.name == option
+    drafter.prefill([1, 2, 3, 1, 2])
+    assert len(drafter.propose([1, 2, 3, 1, 2], 3).token_ids) <= 3
+
+
+@pytest.mark.parametrize("group", ["budget", "rollback"])
+def test_every_budget_and_rollback_builds(group):
+    for option in options(group):
+        cfg = compose_with([f"{group}={option}"])
+        assert instantiate(cfg[group])().name == option
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("draft=bogus", "unknown option draft=bogus: choose one of model, ngram, none"),
+        ("budget.k=abc", "budget.k"),
+        ("foo=1", "unknown config key 'foo'"),
+        ("draft.foo=3", "unknown config key 'draft.foo'"),
+        ("max_tokens=many", "max_tokens"),
+    ],
+)
+def test_bad_overrides_give_one_line(override, words):
+    message = validate_overrides([override])
+    assert message is not None and words in message
+    assert "\n" not in message
+
+
+def test_good_overrides_pass():
+    assert validate_overrides(["draft=model", "budget.k=16", "model=tiny-random", "model.arch=qwen2"]) is None
+
+
+@pytest.mark.parametrize("k", [0, 33, -1])
+def test_budget_out_of_range(k):
+    cfg = compose_with([f"budget.k={k}"])
+    with pytest.raises(SpecpipeError, match="out of range"):
+        instantiate(cfg.budget)()
