@@ -125,7 +125,7 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunFinished(Base, kw_only=True):
-    stop_reason: str  # "eos" | "max_tokens" | "interrupted" | "error"
+    stop_reason: str  # "eos" | "max_tokens" | "stopped" (RunControl) | "interrupted" (Ctrl-C) | "error"
     token_ids: list[int]
     text: str
     stats: RunStats

@@ -12,6 +12,7 @@ newest one (`last_id`), which the next verify feeds first.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
@@ -33,7 +34,9 @@ class SpeculativePipeline:
         if drafter.cache is not None:
             self.rollback.check(drafter.cache, "draft")
 
-    def run(self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None) -> Iterator[Event]:
+    def run(
+        self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None, control: RunControl | None = None
+    ) -> Iterator[Event]:
         """Generate up to `max_tokens` tokens after `prompt_ids`.
 
         Args:
@@ -41,7 +44,9 @@ class SpeculativePipeline:
             max_tokens: upper bound on emitted tokens.
             stop_ids: ids that end generation (excluded from the output);
                 defaults to the target's EOS ids.
+            control: live knobs from another thread (stop, K override).
         """
+        control = control or RunControl()
         stop_ids = self.target.eos_token_ids if stop_ids is None else stop_ids
         collector = StatsCollector()
         t0 = time.perf_counter()
@@ -72,10 +77,17 @@ class SpeculativePipeline:
             last_id, step, reason = context[-1], 0, "max_tokens"
 
             while len(output) < max_tokens:
+                if control.stop_requested:
+                    reason = "stopped"
+                    break
                 step += 1
                 # ---- draft: never more than the tokens still wanted, minus the bonus
-                k = min(self.budget.next_k(), max_tokens - len(output) - 1)
+                k = control.k if control.k is not None else self.budget.next_k()
+                k = min(k, max_tokens - len(output) - 1)
                 s = time.perf_counter()
+                draft_start = self.drafter.cached_len
+                if self.drafter.cache is not None:
+                    self.rollback.before_forward(self.drafter.cache)
                 draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
                 draft.token_ids = draft.token_ids[: max(k, 0)]
                 k_eff = len(draft.token_ids)
@@ -83,6 +95,7 @@ class SpeculativePipeline:
 
                 # ---- verify + compare + bonus
                 s = time.perf_counter()
+                self.rollback.before_forward(cache)
                 logits = verify(self.target, cache, last_id, draft.token_ids)
                 verdict = self.comparator.compare(draft, logits)
                 n = verdict.accepted
@@ -98,9 +111,10 @@ class SpeculativePipeline:
                 s = time.perf_counter()
                 target_drop = k_eff - n
                 draft_drop = max(0, self.drafter.cached_len - (len(context) + n))
-                self.rollback.rollback(cache, target_drop)
+                self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
                 if self.drafter.cache is not None:
-                    self.rollback.rollback(self.drafter.cache, draft_drop)
+                    fed = (context + draft.token_ids)[draft_start : self.drafter.cached_len]
+                    self.rollback.rollback(self.drafter.cache, draft_drop, engine=self.drafter.engine, fed_ids=fed)
                     self.drafter.cached_len -= draft_drop
                 self.budget.observe(k_eff, n)
                 yield emit(RolledBack(
@@ -122,6 +136,18 @@ class SpeculativePipeline:
         except KeyboardInterrupt:
             reason = "interrupted"
         yield emit(finish(reason))
+
+
+@dataclass
+class RunControl:
+    """Knobs another thread (the TUI) may turn while a run is going.
+
+    stop_requested: finish after the current step (stop_reason "stopped").
+    k: draft budget override for the next steps (None: ask the budget).
+    """
+
+    stop_requested: bool = False
+    k: int | None = None
 
 
 def cut(new_ids: list[int], n_from_draft: int, stop_ids: set[int], room: int) -> tuple[list[int], int]:

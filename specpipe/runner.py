@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import platform
 import sys
-from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
 import msgspec
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.errors import SpecpipeError
-from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStarted, RunStats
+from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
 from specpipe.metrics import StatsCollector
 
 
@@ -50,39 +46,16 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
             folder, else cfg.output_dir, else ./outputs/last).
         on_event: called with every event as it happens (terminal printer, TUI).
     """
-    check_supported(cfg)
+    from specpipe.session import Session
+
     out = Path(out_dir or cfg.get("output_dir") or _hydra_dir() or "outputs/last")
+    session = Session(cfg)
     out.mkdir(parents=True, exist_ok=True)
-
-    from specpipe.engine.loader import load_engine
-    from specpipe.pipeline import SpeculativePipeline
-    from specpipe.stages.bonus import GreedyBonus
-    from specpipe.stages.compare import GreedyComparator
-
-    m = cfg.model
-    precision = cfg.quant.precision
-    target = load_engine(m.name, m.path, precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
-
-    def load_draft(name=None, path=None, precision=None):
-        return load_engine(name, path, precision or cfg.quant.precision)
-
-    drafter = _plugin(cfg.draft, "draft", target=target, load=load_draft)
-    budget = _plugin(cfg.budget, "budget")
-    rollback = _plugin(cfg.rollback, "rollback")
-    prompt_ids = target.encode_prompt(cfg.prompt.text, cfg.prompt.chat, cfg.prompt.system)
-    if not prompt_ids:
-        raise SpecpipeError("prompt.text is empty: give a prompt, e.g. prompt.text='Hello'")
-    draft_info = drafter.engine.info if drafter.engine is not None and drafter.engine is not target else None
-    started = RunStarted(
-        target=target.info, draft=draft_info, drafter=drafter.name, budget=f"{budget.name}(k={getattr(budget, 'k', '?')})",
-        rollback=rollback.name, prompt_text=cfg.prompt.text, prompt_ids=prompt_ids, max_tokens=cfg.max_tokens,
-        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
-    )
-    pipeline = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), started)
+    prompt_ids = session.encode()
+    events = session.generate(prompt_ids, prompt_text=cfg.prompt.text)
 
     collector = StatsCollector()
     finished: RunFinished | None = None
-    events = pipeline.run(prompt_ids, cfg.max_tokens)
     with EventWriter(out / "events.jsonl") as writer:
         try:
             for event in events:
@@ -103,34 +76,14 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
 
     result = RunResult(
         text=finished.text, tokens=finished.token_ids, stop_reason=finished.stop_reason, stats=finished.stats,
-        target=target.info, draft=draft_info, drafter=drafter.name, budget=started.budget, rollback=rollback.name,
+        target=session.target.info, draft=session.draft_info, drafter=session.drafter.name,
+        budget=session.budget_label(), rollback=session.rollback.name,
         seed=cfg.sampling.seed, versions=versions(), device=device(), output_dir=str(out),
     )
     (out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2))
     if not _hydra_dir():
         (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     return result
-
-
-def check_supported(cfg: DictConfig) -> None:
-    """Refuse options whose machinery has not landed yet, before loading anything."""
-    if cfg.sampling.temperature < 0:
-        raise SpecpipeError(f"sampling.temperature={cfg.sampling.temperature} is negative: use 0 (greedy) or more")
-    if cfg.sampling.temperature > 0:
-        raise SpecpipeError(
-            f"sampling.temperature={cfg.sampling.temperature}: sampled speculative decoding (rejection sampling) "
-            "is not implemented yet; use sampling=greedy"
-        )
-    if cfg.max_tokens < 1:
-        raise SpecpipeError(f"max_tokens={cfg.max_tokens}: must be at least 1")
-
-
-def _plugin(node: DictConfig, group: str, **runtime):
-    try:
-        factory = instantiate(node)
-    except InstantiationException as exc:
-        raise SpecpipeError(f"{group}: cannot build {node.get('_target_')!r} ({str(exc).splitlines()[0]})") from exc
-    return factory(**runtime)
 
 
 def _hydra_dir() -> str | None:

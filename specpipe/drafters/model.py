@@ -42,6 +42,7 @@ class ModelDrafter:
         self.forwards = 0
 
     def prefill(self, prompt_ids: list[int]) -> None:
+        self.cache = self.engine.make_cache()  # each generation starts clean
         self.engine.prefill(prompt_ids[:-1], self.cache)
         self.cached_len = len(prompt_ids) - 1
 

@@ -62,15 +62,21 @@ class Engine:
 
     def encode_prompt(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         """Token ids for `text`, through the chat template when asked and available."""
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
+        if chat and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": "system", "content": system}] if system else []
             messages.append({"role": "user", "content": text})
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(tok.encode(text))
+            return self.encode_messages(messages)
+        return list(self.tokenizer.encode(text))
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """A multi-turn conversation through the chat template, ready for the assistant's turn."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+            return list(self.tokenizer.encode(text))
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)

@@ -27,7 +27,10 @@ class TrimRollback:
                 "strategy (checkpoint / recompute) is available"
             )
 
-    def rollback(self, cache: list, n_drop: int) -> None:
+    def before_forward(self, cache: list) -> None:
+        pass  # truncation needs no snapshot
+
+    def rollback(self, cache: list, n_drop: int, **_unused) -> None:
         if n_drop > 0:
             trimmed = trim_prompt_cache(cache, n_drop)
             assert trimmed == n_drop, f"trimmed {trimmed} of {n_drop} positions"

@@ -1,0 +1,95 @@
+"""A Session: models and plug-ins built once from a config, then any number
+of generations (CLI runs one, the TUI one per chat turn, the benchmark one
+per prompt).
+
+Contract: `Session(cfg)` loads and validates everything (SpecpipeError on
+bad input); `generate(prompt_ids)` yields the pipeline's events, starting
+with RunStarted and ending with RunFinished.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from specpipe.errors import SpecpipeError
+from specpipe.events import Event, RunStarted
+
+
+class Session:
+    def __init__(self, cfg: DictConfig, target=None):
+        """
+        Args:
+            cfg: the composed config (specpipe/conf/config.yaml).
+            target: an already loaded target Engine to reuse (else loaded from cfg.model).
+        """
+        from specpipe.engine.loader import load_engine
+
+        check_supported(cfg)
+        self.cfg = cfg
+        m = cfg.model
+        self.target = target or load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
+
+        def load_draft(name=None, path=None, precision=None):
+            return load_engine(name, path, precision or cfg.quant.precision)
+
+        self.drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft)
+        self.budget = build_plugin(cfg.budget, "budget")
+        self.rollback = build_plugin(cfg.rollback, "rollback")
+        engine = self.drafter.engine
+        self.draft_info = engine.info if engine is not None and engine is not self.target else None
+
+    def encode(self, text: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Prompt ids from the config's prompt, a text, or chat messages."""
+        p = self.cfg.prompt
+        if messages is not None:
+            ids = self.target.encode_messages(messages)
+        else:
+            ids = self.target.encode_prompt(p.text if text is None else text, p.chat, p.system)
+        if not ids:
+            raise SpecpipeError("the prompt is empty: give a prompt, e.g. prompt.text='Hello'")
+        return ids
+
+    def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Iterator[Event]:
+        """Run the pipeline once; yields RunStarted ... RunFinished."""
+        from specpipe.pipeline import SpeculativePipeline
+        from specpipe.stages.bonus import GreedyBonus
+        from specpipe.stages.compare import GreedyComparator
+
+        max_tokens = self.cfg.max_tokens if max_tokens is None else max_tokens
+        started = RunStarted(
+            target=self.target.info, draft=self.draft_info, drafter=self.drafter.name, budget=self.budget_label(),
+            rollback=self.rollback.name, prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens,
+            config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
+        )
+        pipeline = SpeculativePipeline(self.target, self.drafter, self.budget, GreedyComparator(), self.rollback, GreedyBonus(), started)
+        return pipeline.run(prompt_ids, max_tokens, control=control)
+
+    def budget_label(self) -> str:
+        k = getattr(self.budget, "k", None)
+        return f"{self.budget.name}(k={k})" if k is not None else self.budget.name
+
+
+def check_supported(cfg: DictConfig) -> None:
+    """Refuse options whose machinery has not landed yet, before loading anything."""
+    if cfg.sampling.temperature < 0:
+        raise SpecpipeError(f"sampling.temperature={cfg.sampling.temperature} is negative: use 0 (greedy) or more")
+    if cfg.sampling.temperature > 0:
+        raise SpecpipeError(
+            f"sampling.temperature={cfg.sampling.temperature}: sampled speculative decoding (rejection sampling) "
+            "is not implemented yet; use sampling=greedy"
+        )
+    if cfg.max_tokens < 1:
+        raise SpecpipeError(f"max_tokens={cfg.max_tokens}: must be at least 1")
+
+
+def build_plugin(node: DictConfig, group: str, **runtime):
+    """Instantiate a `_target_` + `_partial_` config node, then call it with runtime objects."""
+    try:
+        factory = instantiate(node)
+    except InstantiationException as exc:
+        raise SpecpipeError(f"{group}: cannot build {node.get('_target_')!r} ({str(exc).splitlines()[0]})") from exc
+    return factory(**runtime)
