@@ -75,6 +75,7 @@ class Verified(Base, kw_only=True):
     recovered_id: int | None = None
     bonus_id: int | None = None
     seconds: float
+    rejected_text: str = ""  # the rejected draft decoded, for display only
 
 
 class RolledBack(Base, kw_only=True):
@@ -94,6 +95,7 @@ class Emitted(Base, kw_only=True):
     token_ids: list[int]
     text: str
     from_draft: int  # how many of token_ids came from the draft (the rest from the target)
+    token_texts: list[str] = []  # text piece per token (streaming detokenizer); joins to `text`
 
 
 class LatencyStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -105,6 +105,7 @@ class SpeculativePipeline:
                     t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
                     recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
                     seconds=time.perf_counter() - s,
+                    rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
                 ))
 
                 # ---- rollback: keep context + accepted drafts in both caches
@@ -124,9 +125,13 @@ class SpeculativePipeline:
 
                 # ---- emit, cut at a stop token or at max_tokens
                 kept, from_draft = cut(new_ids, n, stop_ids, max_tokens - len(output))
+                pieces = []
                 for tid in kept:
                     detok.add_token(tid)
-                yield emit(Emitted(t=clock(), step=step, token_ids=kept, text=detok.last_segment, from_draft=from_draft))
+                    pieces.append(detok.last_segment)
+                yield emit(Emitted(
+                    t=clock(), step=step, token_ids=kept, text="".join(pieces), from_draft=from_draft, token_texts=pieces,
+                ))
                 output.extend(kept)
                 context.extend(new_ids)
                 last_id = new_ids[-1]
