@@ -66,6 +66,11 @@ class TrimRollbackConfig(PluginConfig):
 
 
 @dataclass
+class CompareConfig(PluginConfig):
+    pass
+
+
+@dataclass
 class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0
@@ -88,6 +93,7 @@ class SpecpipeConfig:
     quant: QuantConfig = field(default_factory=QuantConfig)
     budget: Any = MISSING
     rollback: Any = MISSING
+    compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     max_tokens: int = 128
@@ -105,8 +111,75 @@ def register() -> None:
     cs.store(group="draft", name="model_schema", node=ModelDraftConfig)
     cs.store(group="budget", name="fixed_schema", node=FixedBudgetConfig)
     cs.store(group="rollback", name="trim_schema", node=TrimRollbackConfig)
+    cs.store(group="compare", name="compare_schema", node=CompareConfig)
     cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
     cs.store(group="prompt", name="prompt_schema", node=PromptConfig)
 
 
 register()
+
+
+# ---------------------------------------------------------------- benchmark (specpipe-bench)
+# bench.yaml reuses the groups above (no `prompt`: prompts come from a suite).
+
+
+@dataclass
+class SuiteConfig:
+    name: str = MISSING  # packaged suite: specpipe/suites/<name>.jsonl
+    path: Optional[str] = None  # a JSONL file of {"id", "prompt"} lines; wins over name
+    chat: bool = True  # wrap prompts in the model's chat template
+    system: Optional[str] = None
+
+
+@dataclass
+class BenchConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    draft: Any = MISSING
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    budget: Any = MISSING
+    rollback: Any = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    suite: SuiteConfig = field(default_factory=SuiteConfig)
+    max_tokens: int = 64
+    limit: Optional[int] = None  # first N prompts of the suite; None: all
+    warmup: bool = True  # one untimed short run of every path before measuring
+    anchor: bool = True  # also run mlx-lm's own generation on the same model objects
+    resume: bool = False  # skip (config hash, prompt id) pairs already in the results file
+    results: Optional[str] = None  # results JSONL; None: <sweep or run dir>/bench.jsonl
+
+
+def register_bench() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(group="suite", name="suite_schema", node=SuiteConfig)
+
+
+register_bench()
+
+
+# ---------------------------------------------------------------- rollback strategies for recurrent / hybrid models
+
+
+@dataclass
+class CheckpointRollbackConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class RecomputeRollbackConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class AutoRollbackConfig(PluginConfig):
+    max_snapshot_mb: float = 1024.0  # per model: above this a step recomputes instead of checkpointing
+
+
+def register_rollbacks() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="rollback", name="checkpoint_schema", node=CheckpointRollbackConfig)
+    cs.store(group="rollback", name="recompute_schema", node=RecomputeRollbackConfig)
+    cs.store(group="rollback", name="auto_schema", node=AutoRollbackConfig)
+
+
+register_rollbacks()

@@ -42,6 +42,7 @@ class RunStarted(Base, kw_only=True):
     budget: str
     rollback: str
     compare: str = "greedy"
+    seed: int = 0
     prompt_text: str = ""
     prompt_ids: list[int] = []
     max_tokens: int
@@ -76,6 +77,7 @@ class Verified(Base, kw_only=True):
     bonus_id: int | None = None
     seconds: float
     rejected_text: str = ""  # the rejected draft decoded, for display only
+    overlap: list[float] = []  # Σ min(p, q) per draft position (sampling rules only)
 
 
 class RolledBack(Base, kw_only=True):
@@ -116,6 +118,8 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     accepted: int = 0
     acceptance_rate: float = 0.0
     acceptance_length: float = 0.0
+    acceptance_by_position: list[float] = []  # acceptance rate at draft positions 1..K
+    expected_acceptance: float = 0.0  # mean Σ min(p, q) over verified positions (sampling only)
     tokens_per_forward: float = 0.0
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0

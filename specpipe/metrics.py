@@ -35,6 +35,10 @@ class StatsCollector:
         self.drafted = 0
         self.accepted = 0
         self.draft_forwards = 0
+        self._position_drafted: list[int] = []
+        self._position_accepted: list[int] = []
+        self._overlap: list[float] = []
+        self._pending_draft = 0
         self.token_ids: list[int] = []
         self.text_parts: list[str] = []
         self._gaps: list[float] = []
@@ -53,7 +57,15 @@ class StatsCollector:
             self.drafted += len(event.draft_ids)
         elif isinstance(event, Verified):
             self.steps += 1
-            self.accepted += len(event.accepted_ids)
+            n, k = len(event.accepted_ids), len(event.accepted_ids) + len(event.rejected_ids)
+            self.accepted += n
+            self._overlap.extend(event.overlap)
+            while len(self._position_drafted) < k:
+                self._position_drafted.append(0)
+                self._position_accepted.append(0)
+            for i in range(k):  # position i counts as accepted when the prefix reached past it
+                self._position_drafted[i] += 1
+                self._position_accepted[i] += i < n
         elif isinstance(event, Emitted) and event.token_ids:
             if self._first_emit_t is None:
                 self._first_emit_t = event.t
@@ -80,6 +92,8 @@ class StatsCollector:
             accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
             acceptance_length=1 + self.accepted / self.steps if self.steps else 0.0,
+            acceptance_by_position=[a / d for a, d in zip(self._position_accepted, self._position_drafted)],
+            expected_acceptance=sum(self._overlap) / len(self._overlap) if self._overlap else 0.0,
             tokens_per_forward=generated / self.steps if self.steps else 0.0,
             prefill_tok_s=self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0,
             decode_tok_s=generated / decode_s if decode_s > 0 else 0.0,

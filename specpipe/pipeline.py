@@ -106,6 +106,7 @@ class SpeculativePipeline:
                     recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
                     seconds=time.perf_counter() - s,
                     rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
+                    overlap=verdict.overlap,
                 ))
 
                 # ---- rollback: keep context + accepted drafts in both caches

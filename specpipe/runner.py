@@ -77,7 +77,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
     result = RunResult(
         text=finished.text, tokens=finished.token_ids, stop_reason=finished.stop_reason, stats=finished.stats,
         target=session.target.info, draft=session.draft_info, drafter=session.drafter.name,
-        budget=session.budget_label(), rollback=session.rollback.name,
+        budget=session.budget_label(), rollback=session.rollback.name, compare=session.comparator.name,
         seed=cfg.sampling.seed, versions=versions(), device=device(), output_dir=str(out),
     )
     (out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2))

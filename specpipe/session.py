@@ -17,6 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, RunStarted
+from specpipe.sampling import Sampler
+from specpipe.stages.bonus import GreedyBonus, SampledBonus
+from specpipe.stages.compare import GreedyComparator
 
 
 class Session:
@@ -36,9 +39,17 @@ class Session:
         def load_draft(name=None, path=None, precision=None):
             return load_engine(name, path, precision or cfg.quant.precision)
 
-        self.drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft)
+        s = cfg.sampling
+        self.sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed)
+        self.drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler)
         self.budget = build_plugin(cfg.budget, "budget")
         self.rollback = build_plugin(cfg.rollback, "rollback")
+        if self.sampler.greedy:
+            # every rule reduces to argmax comparison at temperature 0
+            self.comparator, self.bonus = GreedyComparator(), GreedyBonus()
+        else:
+            self.comparator = build_plugin(cfg.compare, "compare", sampler=self.sampler)
+            self.bonus = SampledBonus(sampler=self.sampler)
         engine = self.drafter.engine
         self.draft_info = engine.info if engine is not None and engine is not self.target else None
 
@@ -56,16 +67,17 @@ class Session:
     def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Iterator[Event]:
         """Run the pipeline once; yields RunStarted ... RunFinished."""
         from specpipe.pipeline import SpeculativePipeline
-        from specpipe.stages.bonus import GreedyBonus
-        from specpipe.stages.compare import GreedyComparator
 
+        self.sampler.reset()  # same seed, same tokens, every generation
         max_tokens = self.cfg.max_tokens if max_tokens is None else max_tokens
         started = RunStarted(
             target=self.target.info, draft=self.draft_info, drafter=self.drafter.name, budget=self.budget_label(),
-            rollback=self.rollback.name, prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens,
+            rollback=self.rollback.name, compare=self.comparator.name, seed=self.sampler.seed, prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens,
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
         )
-        pipeline = SpeculativePipeline(self.target, self.drafter, self.budget, GreedyComparator(), self.rollback, GreedyBonus(), started)
+        pipeline = SpeculativePipeline(
+            self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started
+        )
         return pipeline.run(prompt_ids, max_tokens, control=control)
 
     def budget_label(self) -> str:
@@ -75,13 +87,6 @@ class Session:
 
 def check_supported(cfg: DictConfig) -> None:
     """Refuse options whose machinery has not landed yet, before loading anything."""
-    if cfg.sampling.temperature < 0:
-        raise SpecpipeError(f"sampling.temperature={cfg.sampling.temperature} is negative: use 0 (greedy) or more")
-    if cfg.sampling.temperature > 0:
-        raise SpecpipeError(
-            f"sampling.temperature={cfg.sampling.temperature}: sampled speculative decoding (rejection sampling) "
-            "is not implemented yet; use sampling=greedy"
-        )
     if cfg.max_tokens < 1:
         raise SpecpipeError(f"max_tokens={cfg.max_tokens}: must be at least 1")
 

@@ -49,9 +49,12 @@ def tiny(arch: str = "llama", seed: int = 0) -> Engine:
     return load_engine("tiny-random", precision="float32", arch=arch, seed=seed)
 
 
-def noisy_copy(engine: Engine, scale: float, seed: int = 1) -> Engine:
-    """A drafter that mostly agrees with `engine`: same weights plus noise."""
-    clone = load_engine("tiny-random", precision="float32", arch=engine.info.arch, seed=0)
+def noisy_copy(engine: Engine, scale: float, seed: int = 1, tiny: dict | None = None) -> Engine:
+    """A drafter that mostly agrees with `engine`: same weights plus noise.
+
+    `tiny`: the config overrides `engine` was built with (shapes must match).
+    """
+    clone = load_engine("tiny-random", precision="float32", arch=engine.info.arch, seed=0, tiny=tiny)
     key = mx.random.key(seed)
     params = []
     for path, value in tree_flatten(engine.model.parameters()):

@@ -14,7 +14,7 @@ from conftest import CONF_DIR, tiny
 from specpipe.cli import validate_overrides
 from specpipe.errors import SpecpipeError
 
-GROUPS = ["model", "draft", "quant", "budget", "rollback", "sampling", "prompt", "experiment"]
+GROUPS = ["model", "draft", "quant", "budget", "rollback", "compare", "sampling", "prompt", "experiment"]
 
 
 def options(group: str) -> list[str]:

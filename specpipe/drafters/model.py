@@ -18,7 +18,9 @@ from specpipe.stages.draft import Draft
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, **_runtime):
+    def __init__(
+        self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, sampler=None, **_runtime
+    ):
         """
         Args:
             target: the target Engine (reused when model == "self").
@@ -26,7 +28,9 @@ class ModelDrafter:
             model: packaged name, "self", or ignored when `path` is set.
             path: GGUF file or model folder of the draft model.
             quant: draft weight precision; None = same as the target's config.
+            sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
         """
+        self.sampler = sampler
         if model == "self" and not path:
             self.engine = target
         else:
@@ -54,14 +58,21 @@ class ModelDrafter:
         # once at the end: no host round trip per drafted token.
         y = mx.array(context_ids[self.cached_len :], dtype=mx.uint32)
         fed = len(context_ids) - self.cached_len
-        tokens = []
+        sampled = self.sampler is not None and not self.sampler.greedy
+        tokens, q_rows = [], []
         for i in range(k):
-            logits = self.engine.forward(y, self.cache)
-            y = mx.argmax(logits[-1:], axis=-1).astype(mx.uint32)
+            logits = self.engine.forward(y, self.cache)[-1:]
+            if sampled:
+                # q is built exactly as the comparator builds p (same processing)
+                q = self.sampler.probs(logits)
+                y = self.sampler.sample(q)
+                q_rows.append(q)
+            else:
+                y = mx.argmax(logits, axis=-1).astype(mx.uint32)
             tokens.append(y)
             if i < k - 1:
                 fed += 1
         self.forwards += k
         self.cached_len += fed
         draft_ids = mx.concatenate(tokens).tolist()
-        return Draft(token_ids=draft_ids)
+        return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None)

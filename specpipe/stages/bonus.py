@@ -1,5 +1,6 @@
-"""Bonus stage: after a fully accepted draft, the target's k+1-th row is a
-free extra token. Greedy takes its argmax; samplers plug in later."""
+"""Bonus stage: after a fully accepted draft (or an empty one), the target's
+k+1-th row gives a token for free. Greedy takes its argmax; sampling draws
+from the processed target distribution p, as plain decoding would."""
 
 from __future__ import annotations
 
@@ -14,5 +15,16 @@ class Bonus(Protocol):
 
 
 class GreedyBonus:
+    def __init__(self, **_runtime):
+        pass
+
     def pick(self, row: mx.array) -> int:
         return int(mx.argmax(row).item())
+
+
+class SampledBonus:
+    def __init__(self, sampler, **_runtime):
+        self.sampler = sampler
+
+    def pick(self, row: mx.array) -> int:
+        return int(self.sampler.sample(self.sampler.probs(row[None]))[0].item())

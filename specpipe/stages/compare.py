@@ -2,13 +2,19 @@
 
 Contract: `compare(draft, logits)` returns a Verdict: the accepted count n
 (a prefix of the draft) and, when n < k, the target's replacement token at
-position n (the *recovered* token). Greedy compares argmaxes; the sampling
-rules (rejection, match) plug in here later.
+position n (the *recovered* token). Three rules:
+- greedy: accept while the draft equals the target's argmax;
+- rejection (Leviathan / Chen): accept x with probability min(1, p(x)/q(x)),
+  recover from the normalised residual max(0, p - q): the output follows p
+  exactly, whatever q is;
+- match (mlx-lm's rule): sample y ~ p at every position, accept while y
+  equals the draft: also exact, but accepts with Σ p·q instead of Σ min(p, q).
+A drafter without probabilities (n-gram) is a point mass q = onehot(x).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import mlx.core as mx
@@ -20,6 +26,7 @@ from specpipe.stages.draft import Draft
 class Verdict:
     accepted: int  # n: draft[:n] is kept
     recovered_id: int | None  # target token at position n when n < k
+    overlap: list[float] = field(default_factory=list)  # Σ min(p, q) per draft position (sampling rules)
 
 
 class Comparator(Protocol):
@@ -27,6 +34,11 @@ class Comparator(Protocol):
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
         """`logits`: [k + 1, vocab] from the verify stage."""
+
+
+def first_false(flags: list[bool]) -> int:
+    """Index of the first False, or len(flags): [T, T, F, T] -> 2."""
+    return next((i for i, ok in enumerate(flags) if not ok), len(flags))
 
 
 class GreedyComparator:
@@ -38,12 +50,81 @@ class GreedyComparator:
 
     name = "greedy"
 
+    def __init__(self, **_runtime):
+        pass
+
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
         k = len(draft.token_ids)
         if k == 0:
             return Verdict(accepted=0, recovered_id=None)
         target_ids = mx.argmax(logits[:k], axis=-1).tolist()
-        n = 0
-        while n < k and target_ids[n] == draft.token_ids[n]:
-            n += 1
+        n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
         return Verdict(accepted=n, recovered_id=target_ids[n] if n < k else None)
+
+
+# ---------------------------------------------------------------- rejection sampling
+
+
+def draft_distribution(draft: Draft, vocab: int) -> mx.array:
+    """q as [k, vocab]: the drafter's probabilities, or point masses on its ids."""
+    if draft.probs is not None:
+        return draft.probs.astype(mx.float32)
+    ids = mx.array(draft.token_ids)
+    return (mx.arange(vocab)[None, :] == ids[:, None]).astype(mx.float32)
+
+
+def acceptance_probability(p: mx.array, q: mx.array) -> mx.array:
+    """min(1, p/q) per token (rows of [.., vocab]); where q = 0 it is never asked."""
+    return mx.minimum(1.0, p / mx.maximum(q, 1e-30))
+
+
+def residual_distribution(p: mx.array, q: mx.array) -> mx.array:
+    """Normalised max(0, p - q); falls back to p where the residual is empty (p == q)."""
+    r = mx.maximum(p - q, 0.0)
+    total = mx.sum(r, axis=-1, keepdims=True)
+    return mx.where(total > 1e-12, r / mx.maximum(total, 1e-30), p)
+
+
+class RejectionComparator:
+    """Leviathan / Chen speculative sampling; lossless for any drafter."""
+
+    name = "rejection"
+
+    def __init__(self, sampler, **_runtime):
+        self.sampler = sampler
+
+    def compare(self, draft: Draft, logits: mx.array) -> Verdict:
+        k = len(draft.token_ids)
+        if k == 0:
+            return Verdict(accepted=0, recovered_id=None)
+        p = self.sampler.probs(logits[:k])  # [k, vocab]
+        q = draft_distribution(draft, p.shape[-1])  # [k, vocab]
+        rows, ids = mx.arange(k), mx.array(draft.token_ids)
+        accept_prob = acceptance_probability(p[rows, ids], q[rows, ids])  # [k]
+        u = mx.random.uniform(shape=(k,), key=self.sampler.key())
+        accepted, overlap = (u < accept_prob).tolist(), mx.sum(mx.minimum(p, q), axis=-1).tolist()
+        n = first_false(accepted)
+        recovered = None
+        if n < k:
+            recovered = int(self.sampler.sample(residual_distribution(p[n : n + 1], q[n : n + 1])).item())
+        return Verdict(accepted=n, recovered_id=recovered, overlap=overlap)
+
+
+class MatchComparator:
+    """mlx-lm's rule: sample the target at each position, accept on equality."""
+
+    name = "match"
+
+    def __init__(self, sampler, **_runtime):
+        self.sampler = sampler
+
+    def compare(self, draft: Draft, logits: mx.array) -> Verdict:
+        k = len(draft.token_ids)
+        if k == 0:
+            return Verdict(accepted=0, recovered_id=None)
+        p = self.sampler.probs(logits[:k])
+        q = draft_distribution(draft, p.shape[-1])
+        target_ids = self.sampler.sample(p).tolist()
+        overlap = mx.sum(mx.minimum(p, q), axis=-1).tolist()
+        n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
+        return Verdict(accepted=n, recovered_id=target_ids[n] if n < k else None, overlap=overlap)
