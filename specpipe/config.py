@@ -26,7 +26,7 @@ class ModelConfig:
 
 @dataclass
 class QuantConfig:
-    precision: str = "stored"  # stored | float32 | bfloat16 | float16 | mlx4 | mlx8
+    precision: str = "auto"  # auto | stored | float32 | bfloat16 | float16 | mlx4 | mlx8
 
 
 @dataclass
@@ -58,6 +58,29 @@ class ModelDraftConfig(PluginConfig):
 @dataclass
 class FixedBudgetConfig(PluginConfig):
     k: int = 4
+
+
+@dataclass
+class AdaptiveBudgetConfig(PluginConfig):
+    k: int = 4  # starting K
+    k_min: int = 1
+    k_max: int = 16
+
+
+@dataclass
+class ConfidenceBudgetConfig(PluginConfig):
+    k: int = 16  # most tokens per draft
+    p_min: float = 0.6  # stop drafting below this top probability
+
+
+@dataclass
+class AutoBudgetConfig(PluginConfig):
+    k_max: int = 16
+    probe_every: int = 8  # while plain decoding wins, re-check acceptance this often
+    probe_k: int = 2
+    forget: float = 0.9  # acceptance memory per step
+    prior_alpha: float = 0.5
+    quick: bool = True  # calibrate 7 points (vs 33) when the device has no cached curve
 
 
 @dataclass
@@ -110,6 +133,9 @@ def register() -> None:
     cs.store(group="draft", name="ngram_schema", node=NgramDraftConfig)
     cs.store(group="draft", name="model_schema", node=ModelDraftConfig)
     cs.store(group="budget", name="fixed_schema", node=FixedBudgetConfig)
+    cs.store(group="budget", name="adaptive_schema", node=AdaptiveBudgetConfig)
+    cs.store(group="budget", name="confidence_schema", node=ConfidenceBudgetConfig)
+    cs.store(group="budget", name="auto_schema", node=AutoBudgetConfig)
     cs.store(group="rollback", name="trim_schema", node=TrimRollbackConfig)
     cs.store(group="compare", name="compare_schema", node=CompareConfig)
     cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
@@ -183,3 +209,48 @@ def register_rollbacks() -> None:
 
 
 register_rollbacks()
+
+
+# ---------------------------------------------------------------- drafters without a second model (layerskip, mtp) + head training
+
+from typing import List  # noqa: E402  (this section is appended; the header import is shared)
+
+
+@dataclass
+class LayerSkipDraftConfig(PluginConfig):
+    depth: Optional[int] = 8  # draft with layers [0, depth) of the target
+    layers: Optional[List[int]] = None  # explicit layer indices; wins over depth
+
+
+@dataclass
+class MtpDraftConfig(PluginConfig):
+    head: Optional[str] = None  # head folder / checkpoint folder; None: the model's own or the trained one next to it
+
+
+@dataclass
+class TrainDrafterConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    corpus: Optional[str] = None  # folder or text file; None: Python's stdlib + installed packages
+    out: Optional[str] = None  # head folder; None: next to the model (where draft=mtp looks)
+    steps: int = 600
+    batch: int = 4
+    seq_len: int = 128
+    chunk: int = 64  # sequences per chunk of precomputed target hidden states
+    unroll: int = 2  # chained head steps trained per position
+    lr: float = 1e-3
+    warmup: int = 50
+    seed: int = 0
+    resume: bool = True  # continue from out/train_state when present
+    save_every: int = 100
+    max_files: int = 20000
+
+
+def register_drafters_extra() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="draft", name="layerskip_schema", node=LayerSkipDraftConfig)
+    cs.store(group="draft", name="mtp_schema", node=MtpDraftConfig)
+    cs.store(name="train_drafter_schema", node=TrainDrafterConfig)
+
+
+register_drafters_extra()

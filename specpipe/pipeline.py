@@ -91,7 +91,8 @@ class SpeculativePipeline:
                 draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
                 draft.token_ids = draft.token_ids[: max(k, 0)]
                 k_eff = len(draft.token_ids)
-                yield emit(Drafted(t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=time.perf_counter() - s))
+                draft_s = time.perf_counter() - s
+                yield emit(Drafted(t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s))
 
                 # ---- verify + compare + bonus
                 s = time.perf_counter()
@@ -100,11 +101,12 @@ class SpeculativePipeline:
                 verdict = self.comparator.compare(draft, logits)
                 n = verdict.accepted
                 bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
+                verify_s = time.perf_counter() - s
                 new_ids = draft.token_ids[:n] + [verdict.recovered_id if bonus_id is None else bonus_id]
                 yield emit(Verified(
                     t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
                     recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
-                    seconds=time.perf_counter() - s,
+                    seconds=verify_s,
                     rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
                     overlap=verdict.overlap,
                 ))
@@ -115,10 +117,11 @@ class SpeculativePipeline:
                 draft_drop = max(0, self.drafter.cached_len - (len(context) + n))
                 self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
                 if self.drafter.cache is not None:
-                    fed = (context + draft.token_ids)[draft_start : self.drafter.cached_len]
+                    # only the short tail since draft_start: no copy of the whole context
+                    fed = (context[draft_start:] + draft.token_ids)[: self.drafter.cached_len - draft_start]
                     self.rollback.rollback(self.drafter.cache, draft_drop, engine=self.drafter.engine, fed_ids=fed)
                     self.drafter.cached_len -= draft_drop
-                self.budget.observe(k_eff, n)
+                self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
                 yield emit(RolledBack(
                     t=clock(), step=step, strategy=self.rollback.name, target_dropped=target_drop,
                     draft_dropped=draft_drop, seconds=time.perf_counter() - s,

@@ -42,7 +42,14 @@ class Session:
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed)
         self.drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler)
-        self.budget = build_plugin(cfg.budget, "budget")
+        self.budget = build_plugin(cfg.budget, "budget", target=self.target, drafter=self.drafter)
+        if getattr(self.budget, "p_min", 0.0) > 0:
+            if not hasattr(self.drafter, "p_min"):
+                raise SpecpipeError(
+                    f"budget=confidence needs a drafter with probabilities; draft={self.drafter.name} has none: "
+                    "use draft=model (or budget=fixed / adaptive)"
+                )
+            self.drafter.p_min = self.budget.p_min
         self.rollback = build_plugin(cfg.rollback, "rollback")
         if self.sampler.greedy:
             # every rule reduces to argmax comparison at temperature 0

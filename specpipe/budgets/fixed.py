@@ -18,5 +18,5 @@ class FixedBudget:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, **_timings) -> None:
         """Fixed budgets ignore outcomes; adaptive ones learn from them."""

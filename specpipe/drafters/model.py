@@ -31,6 +31,7 @@ class ModelDrafter:
             sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
         """
         self.sampler = sampler
+        self.p_min = 0.0  # budget=confidence: stop drafting below this top probability
         if model == "self" and not path:
             self.engine = target
         else:
@@ -56,23 +57,31 @@ class ModelDrafter:
         # Feed what the draft cache has not seen yet (at least the last token),
         # then chain k greedy steps. The graph is built lazily and evaluated
         # once at the end: no host round trip per drafted token.
+        # With a confidence floor each token is checked on the host before the next.
         y = mx.array(context_ids[self.cached_len :], dtype=mx.uint32)
         fed = len(context_ids) - self.cached_len
         sampled = self.sampler is not None and not self.sampler.greedy
         tokens, q_rows = [], []
         for i in range(k):
             logits = self.engine.forward(y, self.cache)[-1:]
+            self.forwards += 1
+            fed += i > 0  # this forward fed the previous draft token
             if sampled:
                 # q is built exactly as the comparator builds p (same processing)
                 q = self.sampler.probs(logits)
                 y = self.sampler.sample(q)
-                q_rows.append(q)
             else:
+                q = None
                 y = mx.argmax(logits, axis=-1).astype(mx.uint32)
+            if self.p_min > 0:
+                top = mx.max(q if q is not None else mx.softmax(logits, axis=-1)).item()
+                if top < self.p_min:
+                    break  # unsure: stop here rather than spend a verify slot on a likely reject
             tokens.append(y)
-            if i < k - 1:
-                fed += 1
-        self.forwards += k
+            if q is not None:
+                q_rows.append(q)
         self.cached_len += fed
+        if not tokens:
+            return Draft(token_ids=[])
         draft_ids = mx.concatenate(tokens).tolist()
         return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None)

@@ -1,0 +1,64 @@
+"""`budget=auto`: pick K each step from a cost model; K = 0 (plain decoding)
+when no K is expected to beat it.
+
+Expected speed-up of K (calibrate.expected_speedup) uses the device's
+measured verify cost T(K+1)/T(1), the drafter's cost c per drafted token,
+and the acceptance alpha estimated online. alpha is the maximum-likelihood
+per-token acceptance under a geometric model: accepted / (accepted +
+rejections), with exponential forgetting so it follows the text. While
+K = 0 is chosen, every `probe_every` steps a short draft keeps alpha fresh.
+"""
+
+from __future__ import annotations
+
+from specpipe.budgets.fixed import K_MAX
+from specpipe.errors import SpecpipeError
+
+
+class AutoBudget:
+    name = "auto"
+
+    def __init__(
+        self, k_max: int = 16, probe_every: int = 8, probe_k: int = 2, forget: float = 0.9,
+        prior_alpha: float = 0.5, quick: bool = True, target=None, drafter=None, **_runtime,
+    ):
+        if not 1 <= k_max <= K_MAX:
+            raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
+        if not 0.0 < forget <= 1.0:
+            raise SpecpipeError(f"budget.forget={forget}: use a factor in (0, 1]")
+        self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
+        self._accepted, self._rejected = 2 * prior_alpha, 2 * (1 - prior_alpha)  # a weak prior: two tokens' worth
+        self._since_probe = 0
+        self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
+        self.c = 1.0
+        if target is not None:
+            from specpipe.calibrate import draft_cost, verify_cost_curve
+
+            self.ratio = verify_cost_curve(target, quick)["ratio"]
+            self.c = draft_cost(drafter, target, quick)
+        self.k = self.best_k()
+
+    @property
+    def alpha(self) -> float:
+        return self._accepted / (self._accepted + self._rejected)
+
+    def best_k(self) -> int:
+        from specpipe.calibrate import expected_speedup
+
+        scores = {k: expected_speedup(self.alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
+        return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
+
+    def next_k(self) -> int:
+        self.k = self.best_k()
+        if self.k == 0:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_every:
+                self._since_probe = 0
+                return self.probe_k
+        return self.k
+
+    def observe(self, drafted: int, accepted: int, **_timings) -> None:
+        if drafted == 0:
+            return  # nothing proposed (e.g. no n-gram match): no evidence either way
+        self._accepted = self.forget * self._accepted + accepted
+        self._rejected = self.forget * self._rejected + (accepted < drafted)

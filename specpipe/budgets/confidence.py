@@ -1,0 +1,22 @@
+"""`budget=confidence`: draft up to k tokens, but a model drafter stops as
+soon as its top probability falls below `p_min` (llama.cpp's `p_min`):
+unsure guesses cost a draft forward and are usually rejected.
+
+The stop itself happens inside the drafter (it alone sees q); the session
+hands `p_min` to drafters that support it and refuses those that do not.
+"""
+
+from __future__ import annotations
+
+from specpipe.budgets.fixed import FixedBudget
+from specpipe.errors import SpecpipeError
+
+
+class ConfidenceBudget(FixedBudget):
+    name = "confidence"
+
+    def __init__(self, k: int = 16, p_min: float = 0.6, **_runtime):
+        super().__init__(k=k)
+        if not 0.0 < p_min < 1.0:
+            raise SpecpipeError(f"budget.p_min={p_min} is out of range: use a probability in (0, 1)")
+        self.p_min = p_min

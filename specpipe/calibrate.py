@@ -1,0 +1,106 @@
+"""Measure what a forward over n tokens costs on this device, T(n)/T(1),
+cache it, and predict which draft budget pays.
+
+Contract: `verify_cost_curve(engine)` returns {n: T(n)/T(1)} for n = 1..33
+(measured points, linearly interpolated between them), cached under
+`<specpipe cache>/calibration/` keyed by model hash, precision, device and
+BLAS. `specpipe-calibrate` prints the curve and the predicted speed-up per K
+at several acceptance rates and saves a PNG plot.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import mlx.core as mx
+
+from specpipe.engine.model_store import cache_dir
+
+FULL_POINTS = list(range(1, 34))
+QUICK_POINTS = [1, 2, 3, 5, 9, 17, 33]
+CONTEXT = 128  # cache length the timings are taken at: a typical mid-answer position
+
+
+def calibration_key(engine) -> str:
+    from specpipe.runner import device
+
+    dev = device()
+    parts = [engine.info.sha256[:16], engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
+    return "-".join(p.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_").replace("/", "_") for p in parts)
+
+
+def time_forwards(engine, points: list[int], repeats: int = 3) -> dict[int, float]:
+    """Median seconds of one forward over n tokens, after CONTEXT cached tokens."""
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    cache = engine.make_cache()
+    engine.prefill(list(range(10, 10 + CONTEXT)), cache)
+    ids = mx.array([(7 * i) % 97 + 10 for i in range(max(points))], dtype=mx.uint32)
+    mx.eval(engine.forward(ids[:4], cache))  # warm-up: allocations, kernel selection
+    trim_prompt_cache(cache, 4)
+    out = {}
+    for n in points:
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mx.eval(engine.forward(ids[:n], cache))
+            samples.append(time.perf_counter() - start)
+            trim_prompt_cache(cache, n)
+        out[n] = statistics.median(samples)
+    return out
+
+
+def interpolate(measured: dict[int, float], points=FULL_POINTS) -> dict[int, float]:
+    """Ratios T(n)/T(1) at every n, linear between measured points."""
+    xs = sorted(measured)
+    t1 = measured[1]
+    curve = {}
+    for n in points:
+        hi = next(x for x in xs if x >= n) if n <= xs[-1] else xs[-1]
+        lo = max(x for x in xs if x <= n) if n >= xs[0] else xs[0]
+        t = measured[lo] if hi == lo else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
+        curve[n] = t / t1
+    return curve
+
+
+def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict:
+    """{'t1_s': seconds, 'ratio': {n: T(n)/T(1)}, 'measured': {...}}, from cache when possible."""
+    path = cache_dir() / "calibration" / f"{calibration_key(engine)}.json"
+    if path.exists() and not refresh:
+        data = json.loads(path.read_text())
+        if quick or data.get("full"):
+            data["ratio"] = {int(k): v for k, v in data["ratio"].items()}
+            return data
+    measured = time_forwards(engine, QUICK_POINTS if quick else FULL_POINTS, repeats=2 if quick else 3)
+    data = {"model": engine.info.name, "precision": engine.info.precision, "full": not quick,
+            "t1_s": measured[1], "measured": measured, "ratio": interpolate(measured)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return data
+
+
+def expected_speedup(alpha: float, k: int, c: float, ratio: dict[int, float]) -> float:
+    """Tokens per unit time relative to plain decoding (Leviathan et al.'s model).
+
+    With per-token acceptance alpha, a step drafting k tokens yields
+    (1 - alpha^(k+1)) / (1 - alpha) tokens and costs k·c + T(k+1)/T(1)
+    (the verify forward scores k+1 positions). k = 0 is plain decoding: 1.0.
+    """
+    if k == 0:
+        return 1.0
+    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * c + ratio[min(k + 1, max(ratio))])
+
+
+def draft_cost(drafter, target, quick: bool = True) -> float:
+    """c: one draft forward relative to one target forward (0 for model-free drafters)."""
+    engine = getattr(drafter, "engine", None)
+    if engine is None:
+        return 0.0
+    if engine is target and getattr(drafter, "layer_fraction", None) is None:
+        return 1.0
+    if engine is target:
+        return float(drafter.layer_fraction)
+    return verify_cost_curve(engine, quick)["t1_s"] / verify_cost_curve(target, quick)["t1_s"]

@@ -1,0 +1,109 @@
+"""`specpipe-calibrate`: measure T(n)/T(1) for the configured target (and the
+draft cost c), print the curve and the predicted speed-up per K at several
+acceptance rates, save `calibration.json` and `calibration.png` in the run
+folder, and refresh the cache that `budget=auto` reads.
+
+Same config and overrides as `specpipe` (model, draft, quant, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+KS = (0, 1, 2, 4, 8, 16, 32)
+
+
+def main() -> None:
+    from specpipe.cli import _fail, _preload_blas, validate_overrides
+
+    _preload_blas()
+    argv = [a for a in sys.argv[1:] if not a.startswith("-")]
+    message = validate_overrides(argv)
+    if message:
+        _fail(message, 2)
+    import hydra
+
+    import specpipe.config  # noqa: F401
+
+    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="config")(_task)()
+
+
+def _task(cfg) -> None:
+    from specpipe.cli import _fail
+    from specpipe.errors import SpecpipeError
+
+    try:
+        report = calibrate(cfg)
+    except SpecpipeError as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted; the cached curve was not changed", 130)
+    print(report)
+
+
+def calibrate(cfg, out_dir: str | Path | None = None) -> str:
+    """Measure, save and describe the device's speculation economics."""
+    from omegaconf import OmegaConf
+
+    from specpipe.calibrate import draft_cost, expected_speedup, verify_cost_curve
+    from specpipe.runner import _hydra_dir, device
+    from specpipe.session import Session
+
+    cfg = OmegaConf.merge(cfg, {"budget": {"_target_": "specpipe.budgets.fixed.FixedBudget", "name": "fixed"}})
+    session = Session(cfg)
+    curve = verify_cost_curve(session.target, quick=False, refresh=True)
+    c = draft_cost(session.drafter, session.target, quick=False)
+    ratio = curve["ratio"]
+    out = Path(out_dir or _hydra_dir() or "outputs/calibration")
+    out.mkdir(parents=True, exist_ok=True)
+    dev = device()
+    table = {a: {k: expected_speedup(a, k, c, ratio) for k in KS} for a in ALPHAS}
+    (out / "calibration.json").write_text(json.dumps(
+        {"target": session.target.info.name, "precision": session.target.info.precision, "device": dev,
+         "t1_s": curve["t1_s"], "ratio": ratio, "draft": session.drafter.name, "draft_cost": c,
+         "predicted_speedup": {str(a): {str(k): v for k, v in row.items()} for a, row in table.items()}}, indent=2))
+    _plot(ratio, table, out / "calibration.png", f"{session.target.info.name} ({session.target.info.precision}, {dev.get('blas', '?')})")
+
+    lines = [
+        f"target {session.target.info.name} ({session.target.info.precision}) on {dev.get('mlx_device')} "
+        f"BLAS={dev.get('blas', '?')}: one token {curve['t1_s'] * 1000:.1f} ms",
+        "T(n)/T(1): " + "  ".join(f"{n}:{ratio[n]:.2f}" for n in (2, 3, 5, 9, 17, 33)),
+        f"draft={session.drafter.name}: cost per drafted token c = {c:.3f} x target",
+        "predicted speed-up vs plain decoding (rows: acceptance; columns: K):",
+        "  alpha " + "".join(f"{k:>7}" for k in KS),
+    ]
+    for a, row in table.items():
+        best = max(row, key=row.get)
+        lines.append(f"  {a:5.2f} " + "".join(f"{row[k]:>6.2f}{'*' if k == best else ' '}" for k in KS))
+    lines.append(f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses this curve")
+    return "\n".join(lines)
+
+
+def _plot(ratio: dict, table: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    ns = sorted(ratio)
+    left.plot(ns, [ratio[n] for n in ns], marker="o", label="measured T(n)/T(1)")
+    left.plot(ns, ns, linestyle="--", color="grey", label="linear (no batching gain)")
+    left.set(xlabel="tokens per forward n", ylabel="T(n) / T(1)", title="verify cost")
+    left.legend()
+    for a, row in table.items():
+        right.plot(list(row), list(row.values()), marker="o", label=f"alpha={a}")
+    right.axhline(1.0, color="grey", linestyle="--")
+    right.set(xlabel="K", ylabel="predicted speed-up", xscale="log", title="when speculation pays")
+    right.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
