@@ -90,6 +90,10 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
         return model
     from mlx_lm.utils import dequantize_model
 
+    if precision == "float32":
+        # GGUF scales are float16: upcast them first, or the dequantized
+        # weights are rounded to float16 (logits move by up to ~0.07).
+        _cast_floats(model, mx.float32)
     dequantize_model(model)
     if precision in ("mlx4", "mlx8"):
         _cast_floats(model, mx.float16 if _has_half(model) else mx.float32)
