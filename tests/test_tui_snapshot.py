@@ -1,0 +1,36 @@
+"""Snapshot of the chat UI drawing a scripted, highlighted transcript.
+
+No model and no clocks: the events (tests/tui_script.py) carry fixed times,
+so the stats panel is the same on every run. A diff here is a UI contract
+change: review the SVG (`pytest --snapshot-update` to accept it).
+"""
+
+from __future__ import annotations
+
+from textual.widgets import Input
+
+from tui.app import ChatApp
+from tui.sources import ReplaySource
+from tui_script import scripted_events
+
+
+async def _settle(pilot) -> None:
+    pilot.app.query_one(Input).cursor_blink = False  # a blinking cursor would differ between runs
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.pause()
+
+
+def test_highlighted_transcript(snap_compare):
+    app = ChatApp(ReplaySource(scripted_events(), speed=0), title="scripted")
+    assert snap_compare(app, terminal_size=(100, 30), run_before=_settle)
+
+
+def test_highlighting_off(snap_compare):
+    async def toggle(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("ctrl+t", "ctrl+t")  # all -> kept -> off
+        await pilot.pause()
+
+    app = ChatApp(ReplaySource(scripted_events(), speed=0), title="scripted")
+    assert snap_compare(app, terminal_size=(100, 30), run_before=toggle)

@@ -1,0 +1,70 @@
+"""Live speculation figures of the current run, computed from events alone.
+
+Everything here comes from event fields (`t`, ids, RunFinished.stats), never
+from wall clocks, so a scripted or replayed run shows the same numbers every
+time. Definitions are specpipe.metrics' (acceptance rate, tokens per forward).
+"""
+
+from __future__ import annotations
+
+from specpipe.events import Drafted, RunError, RunFinished, RunStarted, Verified
+from specpipe.metrics import StatsCollector
+
+SPARK_STEPS = 60  # steps kept for the acceptance sparkline
+
+
+class Figures:
+    """Consume every event of a chat; read the attributes to draw the panel."""
+
+    def __init__(self) -> None:
+        self.target = self.drafter = self.budget = self.rollback = self.compare = "-"
+        self.config_yaml = ""
+        self.k: int | None = None  # K of the latest step
+        self.step_rates: list[float] = []  # acceptance rate per step, whole chat
+        self.stop_reason = ""
+        self.peak_memory_bytes = 0
+        self.running = False
+        self._collector = StatsCollector()
+        self._step_k: dict[int, int] = {}
+
+    def consume(self, event) -> None:
+        if isinstance(event, RunStarted):
+            self._collector = StatsCollector()  # figures are per answer; the sparkline spans the chat
+        self._collector.consume(event)
+        if isinstance(event, RunStarted):
+            self.target, self.drafter = event.target.name, event.drafter
+            self.budget, self.rollback, self.compare = event.budget, event.rollback, event.compare
+            self.config_yaml = event.config_yaml or self.config_yaml
+            self.stop_reason, self.running, self.peak_memory_bytes = "", True, 0
+        elif isinstance(event, Drafted):
+            self.k = event.k
+            self._step_k[event.step] = len(event.draft_ids)
+        elif isinstance(event, Verified):
+            drafted = self._step_k.pop(event.step, 0)
+            if drafted:  # plain-decoding steps draft nothing: no rate to plot
+                self.step_rates = (self.step_rates + [len(event.accepted_ids) / drafted])[-SPARK_STEPS:]
+        elif isinstance(event, RunFinished):
+            self.stop_reason, self.running = event.stop_reason, False
+            self.peak_memory_bytes = event.stats.peak_memory_bytes or event.stats.peak_rss_bytes
+        elif isinstance(event, RunError):
+            self.stop_reason, self.running = "error", False
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for the stats panel."""
+        s = self._collector.stats()
+        rate = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "-"
+        return [
+            ("acceptance", rate),
+            ("tok/forward", f"{s.tokens_per_forward:.2f}" if s.steps else "-"),
+            ("tok/s", f"{s.decode_tok_s:.1f}" if s.decode_tok_s else "-"),
+            ("TTFT", f"{s.ttft_s:.2f} s" if s.ttft_s else "-"),
+            ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
+            ("K", "-" if self.k is None else str(self.k)),
+            ("drafter", self.drafter),
+            ("budget", self.budget),
+            ("rollback", self.rollback),
+            ("compare", self.compare),
+            ("target", self.target),
+            ("peak mem", f"{self.peak_memory_bytes / 2**20:.0f} MiB" if self.peak_memory_bytes else "-"),
+            ("stop", self.stop_reason or ("running" if self.running else "-")),
+        ]

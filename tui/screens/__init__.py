@@ -1,0 +1,1 @@
+"""Modal screens: key help and the composed config."""

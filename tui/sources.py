@@ -1,0 +1,115 @@
+"""Event sources: where the app's events come from.
+
+A source has `generate(messages, control) -> Iterator[Event]` (one answer:
+RunStarted ... RunFinished), `decode` (ids -> text, or None), `k` (the
+configured draft budget, or None) and `config_yaml`. `LiveSource` runs a
+Session (loaded lazily, on the worker thread: this module never imports
+mlx); `ReplaySource` plays recorded events at their original pace or faster.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+from specpipe.events import Event, EventWriter, RunFinished, RunStarted, read_events
+from specpipe.metrics import StatsCollector
+
+
+class LiveSource:
+    """Generates with a Session built from the composed config.
+
+    Args:
+        cfg: the composed Hydra config (as `specpipe` gets it).
+        record_to: optional events.jsonl path; every answer's events are appended,
+            so `specpipe-chat --replay` can play the whole chat back.
+    """
+
+    replay = False
+
+    def __init__(self, cfg, record_to: str | Path | None = None):
+        from omegaconf import OmegaConf
+
+        self.cfg = cfg
+        self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        self.k = cfg.budget.get("k")
+        self.session = None
+        self._writer = EventWriter(record_to) if record_to else None
+
+    @property
+    def decode(self):
+        return self.session.target.decode if self.session is not None else None
+
+    def load(self):
+        """Build the Session once (slow: loads the models). Raises SpecpipeError."""
+        if self.session is None:
+            from specpipe.session import Session
+
+            self.session = Session(self.cfg)
+        return self.session
+
+    def generate(self, messages: list[dict], control) -> Iterator[Event]:
+        session = self.load()
+        prompt_ids = session.encode(messages=messages)
+        for event in session.generate(prompt_ids, control=control, prompt_text=messages[-1]["content"]):
+            if self._writer:
+                self._writer.write(event)
+            yield event
+
+    def close(self) -> None:
+        if self._writer:
+            self._writer.close()
+
+
+class ReplaySource:
+    """Plays recorded runs (one events.jsonl may hold several answers of a chat).
+
+    Args:
+        events: the recorded events, in order.
+        speed: 1 plays at the recorded pace, 2 twice as fast, 0 instantly.
+    """
+
+    replay = True
+    decode = None
+
+    def __init__(self, events: list[Event], speed: float = 1.0):
+        if speed < 0:
+            raise ValueError(f"speed={speed}: must be 0 (instant) or more")
+        self.events, self.speed = list(events), speed
+        started = next((e for e in self.events if isinstance(e, RunStarted)), None)
+        if started is None:
+            raise ValueError("the recording has no RunStarted event: is it an events.jsonl?")
+        self.config_yaml = started.config_yaml
+        self.k = None
+
+    @classmethod
+    def from_file(cls, path: str | Path, speed: float = 1.0) -> ReplaySource:
+        return cls(read_events(path), speed)
+
+    def prompts(self) -> list[str]:
+        return [e.prompt_text for e in self.events if isinstance(e, RunStarted)]
+
+    def generate(self, messages: list[dict], control) -> Iterator[Event]:
+        """All recorded runs in order; `messages` is ignored. A stop ends the replay."""
+        collector, start = StatsCollector(), time.monotonic()
+        for event in self.events:
+            if isinstance(event, RunStarted):
+                collector, start = StatsCollector(), time.monotonic()  # each run's `t` restarts at 0
+            if not self._wait_until(start + event.t / self.speed if self.speed else 0.0, control):
+                # End the answer as the pipeline does on a stop: a RunFinished with what was shown.
+                yield RunFinished(t=event.t, stop_reason="stopped", token_ids=collector.token_ids,
+                                  text=collector.text, stats=collector.stats())
+                return
+            collector.consume(event)
+            yield event
+
+    @staticmethod
+    def _wait_until(deadline: float, control) -> bool:
+        """Sleep in short slices so a stop lands at once; False if stopped."""
+        while not control.stop_requested:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, 0.02))
+        return False

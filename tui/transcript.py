@@ -1,0 +1,111 @@
+"""Events -> styled pieces of one answer (pure: no Textual, no mlx).
+
+Feed a run's events to `AnswerTranscript.consume`; `pieces` is the answer as
+(text, kind) runs in reading order. Per step that is: the accepted draft
+tokens, then the rejected draft span (never part of the answer, shown struck
+through), then the target's own token (recovered at the first rejection, or
+the bonus after a fully accepted draft; "target" when nothing was drafted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from specpipe.events import Emitted, RunStarted, Verified
+
+ACCEPTED, REJECTED, RECOVERED, BONUS, TARGET = "accepted", "rejected", "recovered", "bonus", "target"
+KINDS = (ACCEPTED, REJECTED, RECOVERED, BONUS, TARGET)
+
+Decode = Callable[[list[int]], str]
+
+# C0 controls (and DEL) would move the terminal cursor: show their Unicode pictures instead.
+_CONTROL_PICTURES = {c: chr(0x2400 + c) for c in range(32) if chr(c) not in "\n\t"} | {127: "\u2421"}
+
+
+def printable(text: str) -> str:
+    """Random models emit bytes like ESC or BS; make them visible (when drawing), keep newlines and tabs."""
+    return text.translate(_CONTROL_PICTURES)
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    kind: str  # one of KINDS
+    step: int
+
+
+class AnswerTranscript:
+    """The pieces of one answer, built from Verified + Emitted events.
+
+    Args:
+        decode: token ids -> text, when a tokenizer is at hand (live runs). Used
+            only when the events lack per-token text (`Emitted.token_texts`,
+            `Verified.rejected_text`), as in older recordings.
+    """
+
+    def __init__(self, decode: Decode | None = None):
+        self.decode = decode
+        self.pieces: list[Piece] = []
+        self._verdicts: dict[int, Verified] = {}
+
+    def consume(self, event) -> None:
+        if isinstance(event, RunStarted):
+            self.pieces, self._verdicts = [], {}
+        elif isinstance(event, Verified):
+            self._verdicts[event.step] = event
+        elif isinstance(event, Emitted):
+            self.pieces.extend(step_pieces(event, self._verdicts.pop(event.step, None), self.decode))
+
+    @property
+    def text(self) -> str:
+        """The answer as the model wrote it (rejected drafts excluded)."""
+        return "".join(p.text for p in self.pieces if p.kind != REJECTED)
+
+
+def step_pieces(emitted: Emitted, verified: Verified | None, decode: Decode | None = None) -> list[Piece]:
+    """One step's pieces: accepted, rejected, then the target's token.
+
+    Example: draft [a, b, c], target agrees on a, b and says X instead of c:
+    Emitted(token_ids=[a, b, X], from_draft=2) -> [Piece("ab", accepted),
+    Piece("c", rejected), Piece("X", recovered)].
+    """
+    step = emitted.step
+    accepted_text, target_text = split_text(emitted, decode)
+    pieces = []
+    if accepted_text:
+        pieces.append(Piece(accepted_text, ACCEPTED, step))
+    if verified is not None and verified.rejected_ids:
+        rejected = getattr(verified, "rejected_text", "") or (decode(verified.rejected_ids) if decode else "")
+        pieces.append(Piece(rejected or f"\u27e8{len(verified.rejected_ids)} rejected\u27e9", REJECTED, step))
+    if target_text:
+        pieces.append(Piece(target_text, target_kind(verified), step))
+    return pieces
+
+
+def target_kind(verified: Verified | None) -> str:
+    if verified is None or not (verified.accepted_ids or verified.rejected_ids):
+        return TARGET  # nothing was drafted: plain decoding
+    return BONUS if verified.bonus_id is not None else RECOVERED
+
+
+def split_text(emitted: Emitted, decode: Decode | None) -> tuple[str, str]:
+    """(text of the accepted draft tokens, text of the target token) of one step.
+
+    With `Emitted.token_texts` (one streaming segment per token) the split is
+    exact. Without it, the target token's text is found by decoding it alone
+    and matching the end of the step's text; failing that, the step is shown
+    as one span (its majority kind): an approximation, never a wrong text.
+    """
+    text, ids, k = emitted.text, emitted.token_ids, emitted.from_draft
+    texts = getattr(emitted, "token_texts", None)
+    if texts and len(texts) == len(ids):
+        return "".join(texts[:k]), "".join(texts[k:])
+    if k >= len(ids):
+        return text, ""
+    if k == 0:
+        return "", text
+    tail = decode(ids[k:]) if decode else ""
+    if tail and text.endswith(tail):
+        return text[: len(text) - len(tail)], tail
+    return text, ""

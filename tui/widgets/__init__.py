@@ -1,0 +1,1 @@
+"""One module per widget: answer (token view), legend, stats panel, turns."""
