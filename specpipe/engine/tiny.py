@@ -44,6 +44,41 @@ ARCH_EXTRAS: dict[str, dict] = {
     "gemma3_text": dict(query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2),
     "phi3": {},
     "olmo2": {},
+    # Recurrent and hybrid families (rollback=checkpoint / recompute / auto; trim refuses them).
+    "qwen3_next": dict(  # layer 0 Gated DeltaNet, layer 1 attention
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, num_experts=0, num_experts_per_tok=1, decoder_sparse_step=1,
+        shared_expert_intermediate_size=128, mlp_only_layers=[], moe_intermediate_size=128,
+        partial_rotary_factor=0.5, full_attention_interval=2,
+    ),
+    "qwen3_5": dict(  # same layout; flat config (no text_config) is read as the text model's
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, full_attention_interval=2,
+    ),
+    "mamba2": dict(
+        num_heads=4, head_dim=16, state_size=16, layer_norm_epsilon=1e-5, conv_kernel=4, n_groups=1,
+        use_bias=False, use_conv_bias=True, time_step_limit=(0.0, float("inf")), time_step_rank="auto",
+    ),
+    "nemotron_h": dict(  # Mamba2, attention, Mamba2, MLP
+        attention_bias=False, mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False, ssm_state_size=16,
+        conv_kernel=4, n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True,
+        hybrid_override_pattern=["M", "*", "M", "-"],
+    ),
+    "falcon_h1": dict(  # Mamba2 and attention in parallel in every layer
+        head_dim=16, mamba_d_conv=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=16, mamba_n_heads=4,
+        mamba_chunk_size=32,
+    ),
+    "lfm2": dict(  # short gated conv, then attention
+        norm_eps=1e-5, conv_bias=False, conv_L_cache=3, block_dim=64, block_multiple_of=16,
+        block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, block_ff_dim=128,
+        layer_types=["conv", "full_attention"],
+    ),
+    "mamba": dict(state_size=16, conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=4),
+    "recurrent_gemma": dict(  # conv + RG-LRU, then local attention
+        attention_bias=False, conv1d_width=4, logits_soft_cap=30.0, attention_window_size=2048,
+        block_types=["recurrent", "attention"],
+    ),
+    "rwkv7": dict(norm_eps=1e-5, a_low_rank_dim=8, v_low_rank_dim=8, gate_low_rank_dim=8, decay_low_rank_dim=8),
 }
 
 

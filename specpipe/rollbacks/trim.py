@@ -23,8 +23,7 @@ class TrimRollback:
             kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
             raise SpecpipeError(
                 f"rollback=trim cannot roll back the {role} model: its layers use {', '.join(kinds)} "
-                "(recurrent state, not truncatable); use draft=none until a recurrent rollback "
-                "strategy (checkpoint / recompute) is available"
+                "(recurrent state, not truncatable); use rollback=checkpoint, rollback=recompute or rollback=auto"
             )
 
     def before_forward(self, cache: list) -> None:
