@@ -128,6 +128,10 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: LatencyStats = LatencyStats()
     peak_memory_bytes: int = 0
     peak_rss_bytes: int = 0
+    rollback_strategy: str = ""
+    rollback_peak_bytes: int = 0  # memory held for recurrent-state snapshots
+    rollback_time_s: float = 0.0  # time spent rolling back (restores, recomputes)
+    recompute_tokens: int = 0  # tokens re-run through a model by rollback=recompute
 
 
 class RunFinished(Base, kw_only=True):

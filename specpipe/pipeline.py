@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
+import msgspec
 
 from specpipe.events import Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
@@ -61,7 +62,13 @@ class SpeculativePipeline:
 
         def finish(reason: str) -> RunFinished:
             detok.finalize()
-            stats = collector.stats(self.drafter.forwards, mx.get_peak_memory(), clock())
+            stats = msgspec.structs.replace(
+                collector.stats(self.drafter.forwards, mx.get_peak_memory(), clock()),
+                rollback_strategy=self.rollback.name,
+                rollback_peak_bytes=getattr(self.rollback, "peak_bytes", 0),
+                rollback_time_s=getattr(self.rollback, "time_s", 0.0),
+                recompute_tokens=getattr(self.rollback, "recompute_tokens", 0),
+            )
             return RunFinished(t=clock(), stop_reason=reason, token_ids=collector.token_ids, text=collector.text, stats=stats)
 
         if self.started is not None:
@@ -123,7 +130,8 @@ class SpeculativePipeline:
                     self.drafter.cached_len -= draft_drop
                 self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
                 yield emit(RolledBack(
-                    t=clock(), step=step, strategy=self.rollback.name, target_dropped=target_drop,
+                    t=clock(), step=step, strategy=getattr(self.rollback, "last_choice", "") or self.rollback.name,
+                    target_dropped=target_drop,
                     draft_dropped=draft_drop, seconds=time.perf_counter() - s,
                 ))
 
