@@ -32,6 +32,8 @@ class ModelDrafter:
         """
         self.sampler = sampler
         self.p_min = 0.0  # budget=confidence: stop drafting below this top probability
+        if not path and (model.endswith(".gguf") or "/" in model):
+            path = model  # draft.model=/path/to/file.gguf (or folder) works like draft.path
         if model == "self" and not path:
             self.engine = target
         else:
