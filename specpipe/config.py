@@ -164,6 +164,7 @@ class BenchConfig:
     quant: QuantConfig = field(default_factory=QuantConfig)
     budget: Any = MISSING
     rollback: Any = MISSING
+    compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     suite: SuiteConfig = field(default_factory=SuiteConfig)
     max_tokens: int = 64
@@ -233,11 +234,14 @@ class TrainDrafterConfig:
     quant: QuantConfig = field(default_factory=QuantConfig)
     corpus: Optional[str] = None  # folder or text file; None: Python's stdlib + installed packages
     out: Optional[str] = None  # head folder; None: next to the model (where draft=mtp looks)
+    sequences: int = 256  # corpus size in seq_len-token sequences (target hidden states are precomputed once)
     steps: int = 600
     batch: int = 4
     seq_len: int = 128
-    chunk: int = 64  # sequences per chunk of precomputed target hidden states
+    chunk: int = 16  # sequences per chunk of precomputed target hidden states
     unroll: int = 2  # chained head steps trained per position
+    ce_positions: int = 64  # positions per step that also get cross-entropy through the full LM head
+    ce_weight: float = 0.1
     lr: float = 1e-3
     warmup: int = 50
     seed: int = 0

@@ -73,6 +73,12 @@ def draft_distribution(draft: Draft, vocab: int) -> mx.array:
     return (mx.arange(vocab)[None, :] == ids[:, None]).astype(mx.float32)
 
 
+def target_and_draft(sampler, draft: Draft, logits: mx.array) -> tuple[mx.array, mx.array]:
+    """p and q as [k, vocab], both through the same logits processing."""
+    p = sampler.probs(logits[: len(draft.token_ids)])
+    return p, draft_distribution(draft, p.shape[-1])
+
+
 def acceptance_probability(p: mx.array, q: mx.array) -> mx.array:
     """min(1, p/q) per token (rows of [.., vocab]); where q = 0 it is never asked."""
     return mx.minimum(1.0, p / mx.maximum(q, 1e-30))
@@ -97,8 +103,7 @@ class RejectionComparator:
         k = len(draft.token_ids)
         if k == 0:
             return Verdict(accepted=0, recovered_id=None)
-        p = self.sampler.probs(logits[:k])  # [k, vocab]
-        q = draft_distribution(draft, p.shape[-1])  # [k, vocab]
+        p, q = target_and_draft(self.sampler, draft, logits)
         rows, ids = mx.arange(k), mx.array(draft.token_ids)
         accept_prob = acceptance_probability(p[rows, ids], q[rows, ids])  # [k]
         u = mx.random.uniform(shape=(k,), key=self.sampler.key())
@@ -122,8 +127,7 @@ class MatchComparator:
         k = len(draft.token_ids)
         if k == 0:
             return Verdict(accepted=0, recovered_id=None)
-        p = self.sampler.probs(logits[:k])
-        q = draft_distribution(draft, p.shape[-1])
+        p, q = target_and_draft(self.sampler, draft, logits)
         target_ids = self.sampler.sample(p).tolist()
         overlap = mx.sum(mx.minimum(p, q), axis=-1).tolist()
         n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
