@@ -1,0 +1,244 @@
+"""`specpipe-bench`: for every prompt of a suite, the baseline (`draft=none`)
+and the speculative run back to back on one shared target, plus mlx-lm's
+own generation on the same model objects as an in-run anchor.
+
+Contract: `run_bench(cfg, results)` appends one JSONL line per (config,
+prompt) to `results` as soon as it is measured, each with the resolved
+config, its hash and both runs' figures; it flags (never fails on) greedy
+token mismatches. `main()` is the Hydra app over `conf/bench.yaml`: user
+errors are one line on stderr (config 2, run 1, Ctrl-C 130) as in cli.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from specpipe.cli import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_RUN, _is_hydra_meta, _preload_blas, describe_config_error
+
+RESULTS_NAME = "bench.jsonl"
+WARMUP_TOKENS = 8
+NONE_DRAFT = {"_target_": "specpipe.drafters.none.NoneDrafter", "_partial_": True, "name": "none"}
+# The baseline drafts nothing, so its budget only has to exist: a fixed one skips any calibration.
+BASELINE_BUDGET = {"_target_": "specpipe.budgets.fixed.FixedBudget", "_partial_": True, "name": "fixed", "k": 1}
+SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "max_tokens")
+
+_loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one process, so load once
+
+
+def main() -> None:
+    _preload_blas()
+    argv = sys.argv[1:]
+    if not _is_hydra_meta(argv):
+        message = validate_overrides(argv, config_name="bench")
+        if message:
+            _fail(message, EXIT_CONFIG)
+    import hydra
+
+    import specpipe.config  # noqa: F401  (registers the schemas)
+
+    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="bench")(_task)()
+
+
+def validate_overrides(overrides: list[str], config_name: str = "bench") -> str | None:
+    """cli.validate_overrides for another primary config: one-line message or None."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    import specpipe.config  # noqa: F401
+
+    plain = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    try:
+        with initialize_config_module(config_module="specpipe.conf", version_base=None):
+            compose(config_name=config_name, overrides=plain)
+    except (HydraException, OmegaConfBaseException) as exc:
+        return describe_config_error(exc).replace("`specpipe --cfg job`", "`specpipe-bench --cfg job`")
+    return None
+
+
+def _task(cfg) -> None:
+    from specpipe.errors import SpecpipeError
+
+    results = Path(cfg.results) if cfg.results else _hydra_results_dir() / RESULTS_NAME
+    try:
+        records = run_bench(cfg, results)
+    except SpecpipeError as exc:
+        _fail(str(exc), EXIT_RUN)
+    except KeyboardInterrupt:
+        _fail(f"interrupted: every finished prompt is in {results} (rerun with resume=true results={results})", EXIT_INTERRUPTED)
+    bad = sum(not r["tokens_match"] for r in records)
+    flag = f", {bad} TOKEN MISMATCHES (see the report)" if bad else ""
+    print(f"specpipe-bench: {len(records)} prompts measured{flag} -> {results}", file=sys.stderr)
+
+
+def _hydra_results_dir() -> Path:
+    """The sweep folder for multirun (all jobs share one JSONL), the run folder otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    return Path(hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.runtime.output_dir)
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"specpipe-bench: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+# ---------------------------------------------------------------- the measurement loop
+
+
+def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
+    """Measure every pending prompt of `cfg.suite` under `cfg`; append each record to `results`.
+
+    Args:
+        cfg: a composed bench config (conf/bench.yaml).
+        results: the JSONL file to append to (created if missing).
+        log: progress sink, one line per prompt (default: stderr).
+
+    Returns:
+        The records measured by this call (not those skipped by resume).
+    """
+    from omegaconf import OmegaConf
+
+    from specpipe.bench_measure import measure_mlx_lm, measure_specpipe
+    from specpipe.bench_records import ResultsFile, config_hash, first_mismatch, load_suite
+    from specpipe.runner import device, versions
+    from specpipe.session import Session
+
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    snapshot = OmegaConf.to_container(cfg, resolve=True)
+    snapshot.pop("hydra", None)
+    chash = config_hash(snapshot)
+    out = ResultsFile(results)
+    prompts = load_suite(cfg.suite.name, cfg.suite.path, cfg.limit)
+    done = out.done_pairs() if cfg.resume else set()
+    pending = [p for p in prompts if (chash, p["id"]) not in done]
+    if len(pending) < len(prompts):
+        log(f"[bench] resume: {len(prompts) - len(pending)} of {len(prompts)} prompts already in {out.path}")
+    if not pending:
+        return []
+
+    # One target for both sessions: the A/B pair differs only in the drafter.
+    spec = Session(session_config(cfg, cfg.draft), target=_shared_target(cfg))
+    base = Session(session_config(cfg, NONE_DRAFT, BASELINE_BUDGET), target=spec.target)
+    greedy = cfg.sampling.temperature == 0
+    # mlx-lm can only draft with a whole model: draft=model (incl. self), not n-gram / layer-skip / heads.
+    anchor_draft = spec.drafter.engine.model if spec.drafter.name == "model" else None
+    # mlx-lm drafts a fixed K: a fixed budget's, else an adaptive budget's starting k (4 if it has none).
+    k = getattr(spec.budget, "k", None) or cfg.budget.get("k", None) or 4
+    label = {
+        "model": spec.target.info.name, "precision": spec.target.info.precision, "drafter": spec.drafter.name,
+        "draft_model": spec.draft_info.name if spec.draft_info else ("self" if spec.drafter.name == "model" else None),
+        "budget": spec.budget_label(), "k": k, "suite": cfg.suite.name if not cfg.suite.path else Path(cfg.suite.path).stem,
+    }
+
+    def encode(prompt: dict) -> list[int]:
+        return spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+
+    def anchor_runs(ids: list[int], max_tokens: int) -> dict:
+        model, tok = spec.target.model, spec.target.tokenizer
+        plain = measure_mlx_lm(model, tok, ids, max_tokens, sampling=snapshot["sampling"])
+        spec_run = None
+        if anchor_draft is not None:
+            spec_run = measure_mlx_lm(model, tok, ids, max_tokens, anchor_draft, k, sampling=snapshot["sampling"])
+        return {"plain": plain, "spec": spec_run}
+
+    if cfg.warmup:
+        # Untimed: first calls pay for allocation and BLAS thread start-up.
+        ids = encode(pending[0])
+        n = min(WARMUP_TOKENS, cfg.max_tokens)
+        measure_specpipe(base, ids, n)
+        measure_specpipe(spec, ids, n)
+        if cfg.anchor:
+            anchor_runs(ids, n)
+
+    env = {"versions": versions(), "device": device()}
+    records = []
+    started = time.perf_counter()
+    for i, prompt in enumerate(pending):
+        ids = encode(prompt)
+        # A/B interleaved, alternating which goes first so slow drift in a shared machine cancels out.
+        if i % 2 == 0:
+            b, s = measure_specpipe(base, ids, cfg.max_tokens), measure_specpipe(spec, ids, cfg.max_tokens)
+        else:
+            s, b = measure_specpipe(spec, ids, cfg.max_tokens), measure_specpipe(base, ids, cfg.max_tokens)
+        record = {
+            "config_hash": chash, "config": snapshot, "label": label, "prompt_id": prompt["id"],
+            "prompt_tokens": len(ids), "order": "baseline-first" if i % 2 == 0 else "spec-first",
+            "baseline": b, "spec": s,
+            "speedup": _ratio(s["decode_tok_s"], b["decode_tok_s"]),
+            "speedup_e2e": _ratio(s["e2e_tok_s"], b["e2e_tok_s"]),
+            "greedy": greedy,
+            "first_mismatch": first_mismatch(b["token_ids"], s["token_ids"]) if greedy else None,
+            "anchor": None,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **env,
+        }
+        record["tokens_match"] = record["first_mismatch"] is None
+        if cfg.anchor:
+            a = anchor_runs(ids, cfg.max_tokens)
+            for run in (a["plain"], a["spec"]):
+                if run is not None:
+                    run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
+            a["speedup"] = _ratio(a["spec"]["decode_tok_s"], a["plain"]["decode_tok_s"]) if a["spec"] else None
+            record["anchor"] = a
+        out.append(record)
+        records.append(record)
+        log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
+    return records
+
+
+def session_config(cfg, draft, budget=None):
+    """The Session's view of a bench config: its groups (draft and budget replaceable), a prompt node from the suite."""
+    from omegaconf import OmegaConf
+
+    def plain(node):
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    node = {key: plain(cfg[key]) for key in SESSION_KEYS}
+    node["draft"] = dict(plain(draft))
+    if budget is not None:
+        node["budget"] = dict(budget)
+    node["prompt"] = {"text": "", "chat": cfg.suite.chat, "system": cfg.suite.system}
+    node["stream"] = False
+    return OmegaConf.create(node)
+
+
+def _shared_target(cfg):
+    """The target Engine, loaded once per process and reused by later sweep jobs with the same model."""
+    from omegaconf import OmegaConf
+
+    from specpipe.engine.loader import load_engine
+
+    m = cfg.model
+    key = repr((OmegaConf.to_container(m, resolve=True), cfg.quant.precision))
+    if key not in _loaded_target:
+        _loaded_target.clear()  # at most one target in memory
+        _loaded_target[key] = load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
+    return _loaded_target[key]
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def progress_line(n: int, total: int, r: dict, elapsed: float) -> str:
+    lab = r["label"]
+    eta = elapsed / n * (total - n)
+    mismatch = "" if r["tokens_match"] else f" MISMATCH at token {r['first_mismatch']}"
+    anchor = ""
+    if r["anchor"]:
+        a = r["anchor"]
+        anchor = f" | mlx-lm {a['plain']['decode_tok_s']:.1f}" + (f"/{a['spec']['decode_tok_s']:.1f}" if a["spec"] else "")
+    return (
+        f"[bench {n}/{total}] {lab['suite']}/{r['prompt_id']} {lab['drafter']} k={lab['k']}: "
+        f"{r['baseline']['decode_tok_s']:.1f} -> {r['spec']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), "
+        f"acceptance {r['spec']['acceptance_rate']:.0%}{anchor}{mismatch} | ETA {eta:.0f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""One timed generation, as a plain dict ready for the results JSONL.
+
+Contract: `measure_specpipe` drives a Session and keeps its RunStats plus the
+per-position acceptance counts and per-token gaps; `measure_mlx_lm` runs
+mlx-lm's own `stream_generate` on the same model objects and prompt ids
+(greedy), timed the same way. Both raise KeyboardInterrupt when Ctrl-C cut
+the run short, so a half-measured prompt is never recorded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+import msgspec
+
+from specpipe.bench_records import acceptance_by_position, token_gaps_ms
+from specpipe.events import RunFinished, Verified
+
+
+def measure_specpipe(session, prompt_ids: list[int], max_tokens: int) -> dict:
+    """Run `session` once and return its figures.
+
+    Returns:
+        RunStats fields (see events.py) plus stop_reason, token_ids,
+        e2e_tok_s (generated / wall time including prefill), gaps_ms,
+        drafted_at / accepted_at (per draft position counts).
+    """
+    events = list(session.generate(prompt_ids, max_tokens=max_tokens))
+    finished = events[-1]
+    if not isinstance(finished, RunFinished) or finished.stop_reason == "interrupted":
+        raise KeyboardInterrupt
+    drafted_at, accepted_at = acceptance_by_position(e for e in events if isinstance(e, Verified))
+    record = msgspec.to_builtins(finished.stats)
+    s = finished.stats
+    record.update(
+        stop_reason=finished.stop_reason,
+        token_ids=finished.token_ids,
+        e2e_tok_s=s.generated_tokens / s.wall_s if s.wall_s else 0.0,
+        gaps_ms=token_gaps_ms(events),
+        drafted_at=drafted_at,
+        accepted_at=accepted_at,
+    )
+    return record
+
+
+def measure_mlx_lm(
+    model, tokenizer, prompt_ids: list[int], max_tokens: int, draft_model=None, k: int = 0, sampling: dict | None = None
+) -> dict:
+    """mlx-lm's greedy generation on the given model objects.
+
+    Args:
+        model, tokenizer: the target Engine's `.model` and `.tokenizer`.
+        prompt_ids: the same ids specpipe was given.
+        draft_model: the drafter Engine's `.model` for mlx-lm's speculative
+            decoding (None: plain decoding).
+        k: mlx-lm's `num_draft_tokens` when `draft_model` is set.
+        sampling: temperature/top_p/top_k/min_p for mlx-lm's sampler (None: greedy).
+
+    Returns:
+        token_ids (EOS excluded, as specpipe does), generation_tps and
+        prompt_tps as mlx-lm reports them, and our own clock's ttft_s,
+        wall_s, e2e_tok_s, decode_tok_s, gaps_ms, peak_memory_bytes,
+        from_draft (tokens mlx-lm took from the draft).
+    """
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    s = sampling or {}
+    sampler = make_sampler(temp=s.get("temperature", 0.0), top_p=s.get("top_p", 1.0), min_p=s.get("min_p", 0.0), top_k=s.get("top_k", 0))
+    kwargs = {"sampler": sampler}
+    if draft_model is not None:
+        kwargs.update(draft_model=draft_model, num_draft_tokens=k)
+    mx.reset_peak_memory()
+    token_ids: list[int] = []
+    gaps: list[float] = []
+    from_draft = 0
+    last = None
+    response = None
+    t0 = time.perf_counter()
+    for response in stream_generate(model, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs):
+        now = time.perf_counter() - t0
+        # The last response repeats the EOS token that ended the run (finish_reason "stop"): not output.
+        if response.finish_reason == "stop":
+            break
+        if last is None:
+            ttft = now
+        else:
+            gaps.append(round(1000.0 * (now - last), 3))
+        last = now
+        token_ids.append(int(response.token))
+        from_draft += int(response.from_draft)
+    wall = time.perf_counter() - t0
+    n = len(token_ids)
+    return {
+        "token_ids": token_ids,
+        "generated_tokens": n,
+        "generation_tps": response.generation_tps if response else 0.0,
+        "prompt_tps": response.prompt_tps if response else 0.0,
+        "ttft_s": ttft if n else 0.0,
+        "wall_s": wall,
+        "e2e_tok_s": n / wall if wall else 0.0,
+        # Tokens after the first over the time after the first: the first one pays for the prefill.
+        "decode_tok_s": (n - 1) / (last - ttft) if n > 1 and last > ttft else 0.0,
+        "gaps_ms": gaps,
+        "peak_memory_bytes": int(mx.get_peak_memory()),
+        "from_draft": from_draft,
+        "num_draft_tokens": k if draft_model is not None else 0,
+    }

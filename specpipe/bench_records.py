@@ -1,0 +1,156 @@
+"""What the benchmark reads and writes, without mlx: prompt suites, config
+snapshots and their hash, the results JSONL, and the checks on token lists.
+
+Contract: one results line is one (configuration, prompt) pair, written as
+soon as it is measured and never rewritten, so Ctrl-C keeps every finished
+pair and `resume` skips the (config hash, prompt id) pairs already present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Iterable
+
+from specpipe.errors import SpecpipeError
+from specpipe.events import Emitted, Event, PrefillDone, Verified
+
+# Keys that choose *which* pairs run or where they go, not *what* is measured:
+# changing them must not change the hash, so a resumed sweep can extend `limit`.
+UNHASHED_KEYS = ("limit", "resume", "results", "warmup")
+
+
+# ---------------------------------------------------------------- suites
+
+
+def suite_names() -> list[str]:
+    """Packaged suites (specpipe/suites/*.jsonl)."""
+    return sorted(p.name[: -len(".jsonl")] for p in resources.files("specpipe.suites").iterdir() if p.name.endswith(".jsonl"))
+
+
+def load_suite(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
+    """Prompts of a suite as [{"id", "prompt"}], in file order.
+
+    Args:
+        name: a packaged suite name (code, math, longdoc, prose); ignored when `path` is set.
+        path: a JSONL file with one {"id": str, "prompt": str} object per line.
+        limit: keep the first `limit` prompts (None: all).
+    """
+    if path:
+        source = Path(path)
+        if not source.is_file():
+            raise SpecpipeError(f"suite.path={path} does not exist: give a JSONL file of {{\"id\", \"prompt\"}} lines")
+        text = source.read_text(encoding="utf-8")
+    else:
+        packaged = resources.files("specpipe.suites") / f"{name}.jsonl"
+        if not packaged.is_file():
+            raise SpecpipeError(f"unknown suite {name!r}: choose one of {', '.join(suite_names())}, or set suite.path")
+        text, source = packaged.read_text(encoding="utf-8"), name
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompts.append({"id": str(row["id"]), "prompt": str(row["prompt"])})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SpecpipeError(f"suite {source} line {n}: expected {{\"id\", \"prompt\"}} JSON ({exc})") from exc
+    ids = [p["id"] for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise SpecpipeError(f"suite {source}: prompt ids must be unique")
+    if limit is not None and limit < 1:
+        raise SpecpipeError(f"limit={limit}: must be at least 1 (or null for the whole suite)")
+    return prompts[:limit] if limit is not None else prompts
+
+
+# ---------------------------------------------------------------- config identity
+
+
+def config_hash(snapshot: dict) -> str:
+    """A short stable hash of what a configuration measures (see UNHASHED_KEYS)."""
+    measured = {k: v for k, v in snapshot.items() if k not in UNHASHED_KEYS}
+    return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------- results file
+
+
+class ResultsFile:
+    """Append-only JSONL of per-prompt records; each line is flushed at once."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def records(self) -> list[dict]:
+        return list(read_records([self.path])) if self.path.exists() else []
+
+    def done_pairs(self) -> set[tuple[str, str]]:
+        return {(r["config_hash"], r["prompt_id"]) for r in self.records()}
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+
+def read_records(paths: Iterable[Path]) -> Iterable[dict]:
+    """Every record of the given JSONL files; a torn last line (killed mid-write) is skipped."""
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+
+# ---------------------------------------------------------------- checks and per-run figures
+
+
+def first_mismatch(expected: list[int], actual: list[int]) -> int | None:
+    """Index of the first position where two token lists differ, None if equal.
+
+    A list that is a strict prefix of the other differs at its length:
+    first_mismatch([5, 6, 7], [5, 6]) == 2; first_mismatch([5, 6], [5, 9]) == 1.
+    """
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        if a != b:
+            return i
+    return None if len(expected) == len(actual) else min(len(expected), len(actual))
+
+
+def acceptance_by_position(verified: Iterable[Verified]) -> tuple[list[int], list[int]]:
+    """Per draft position i: (steps that drafted more than i tokens, steps that accepted position i).
+
+    Position i is accepted when len(accepted_ids) > i. Two steps drafting
+    [a, b, c] with 2 accepted and [d] with 0 accepted give drafted=[2, 1, 1],
+    accepted=[1, 1, 0]. Counts, not rates, so prompts can be summed.
+    """
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for v in verified:
+        n_drafted = len(v.accepted_ids) + len(v.rejected_ids)
+        if n_drafted > len(drafted):
+            drafted.extend([0] * (n_drafted - len(drafted)))
+            accepted.extend([0] * (n_drafted - len(accepted)))
+        for i in range(n_drafted):
+            drafted[i] += 1
+            accepted[i] += int(len(v.accepted_ids) > i)
+    return drafted, accepted
+
+
+def token_gaps_ms(events: Iterable[Event]) -> list[float]:
+    """Per-token gaps in ms, as metrics.py defines them (an emission of m tokens = m gaps of gap/m)."""
+    gaps: list[float] = []
+    last = None
+    for e in events:
+        if isinstance(e, PrefillDone):
+            last = e.t
+        elif isinstance(e, Emitted) and e.token_ids and last is not None:
+            m = len(e.token_ids)
+            gaps.extend([round(1000.0 * (e.t - last) / m, 3)] * m)
+            last = e.t
+    return gaps

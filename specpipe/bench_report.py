@@ -1,0 +1,242 @@
+"""`specpipe-bench-report DIR`: the results JSONL of a run or sweep folder ->
+`DIR/report.md` with summary tables, per-prompt tables, token-match flags and
+PNG plots (bench_plots.py).
+
+Contract: reads only the JSONL (every `bench.jsonl` under DIR, or DIR itself
+when it is a file); never imports mlx. Aggregates are pooled over prompts:
+rates from summed counts, speed-up as the geometric mean of per-prompt ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from specpipe.bench_records import read_records
+
+# ---------------------------------------------------------------- aggregation
+
+
+def find_results(target: Path) -> list[Path]:
+    if target.is_file():
+        return [target]
+    return sorted(target.rglob("bench.jsonl"))
+
+
+def group_by_config(records: list[dict]) -> dict[str, list[dict]]:
+    """config hash -> records, one per prompt id (a later line for the same pair wins)."""
+    pairs = {(r["config_hash"], r["prompt_id"]): r for r in records}
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for (chash, _), r in pairs.items():
+        groups[chash].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: sort_key(kv[1][0]["label"])))
+
+
+def sort_key(label: dict) -> tuple:
+    return (label["suite"], label["model"], label["drafter"], str(label.get("draft_model")), label.get("k") or 0)
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else 0.0
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank, as metrics.percentiles_ms."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def summarize(rs: list[dict]) -> dict:
+    """Pooled figures of one configuration over its prompts."""
+    spec = [r["spec"] for r in rs]
+    base = [r["baseline"] for r in rs]
+    gaps = [g for s in spec for g in s["gaps_ms"]]
+    drafted_at, accepted_at = pooled_positions(spec)
+    out = {
+        "label": rs[0]["label"], "config": rs[0]["config"], "prompts": len(rs),
+        "base_tok_s": mean([b["decode_tok_s"] for b in base]),
+        "spec_tok_s": mean([s["decode_tok_s"] for s in spec]),
+        "speedup": geomean([r["speedup"] for r in rs]),
+        "speedup_min": min(r["speedup"] for r in rs), "speedup_max": max(r["speedup"] for r in rs),
+        "speedup_e2e": geomean([r["speedup_e2e"] for r in rs]),
+        "acceptance": _div(sum(s["accepted"] for s in spec), sum(s["drafted"] for s in spec)),
+        "tokens_per_forward": _div(sum(s["generated_tokens"] for s in spec), sum(s["steps"] for s in spec)),
+        "ttft_s": mean([s["ttft_s"] for s in spec]),
+        "prefill_tok_s": mean([s["prefill_tok_s"] for s in spec]),
+        "p50": percentile(gaps, 0.5), "p95": percentile(gaps, 0.95), "p99": percentile(gaps, 0.99),
+        "peak_mib": max(s["peak_memory_bytes"] for s in spec) / 2**20,
+        "base_peak_mib": max(b["peak_memory_bytes"] for b in base) / 2**20,
+        "mismatches": sum(not r["tokens_match"] for r in rs),
+        "by_position": [_div(a, d) for a, d in zip(accepted_at, drafted_at)],
+        "gaps": gaps, "base_gaps": [g for b in base for g in b["gaps_ms"]],
+        "anchor": None,
+    }
+    anchored = [r["anchor"] for r in rs if r.get("anchor")]
+    if anchored:
+        specs = [a["spec"] for a in anchored if a["spec"]]
+        out["anchor"] = {
+            "plain_tok_s": mean([a["plain"]["decode_tok_s"] for a in anchored]),
+            "spec_tok_s": mean([s["decode_tok_s"] for s in specs]) if specs else None,
+            "speedup": geomean([a["speedup"] for a in anchored if a["speedup"]]) if specs else None,
+            "plain_e2e": mean([a["plain"]["e2e_tok_s"] for a in anchored]),
+            "ours_base_e2e": mean([r["baseline"]["e2e_tok_s"] for r in rs if r.get("anchor")]),
+            "ours_spec_e2e": mean([r["spec"]["e2e_tok_s"] for r in rs if r.get("anchor")]),
+            "spec_e2e": mean([s["e2e_tok_s"] for s in specs]) if specs else None,
+            "differs": sum(
+                run is not None and run.get("first_mismatch") is not None for a in anchored for run in (a["plain"], a["spec"])
+            ),
+        }
+    return out
+
+
+def pooled_positions(runs: list[dict]) -> tuple[list[int], list[int]]:
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for run in runs:
+        for i, (d, a) in enumerate(zip(run.get("drafted_at", []), run.get("accepted_at", []))):
+            if i == len(drafted):
+                drafted.append(0)
+                accepted.append(0)
+            drafted[i] += d
+            accepted[i] += a
+    return drafted, accepted
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def config_name(label: dict) -> str:
+    draft = label["drafter"] if label["drafter"] != "model" else f"model:{label.get('draft_model')}"
+    budget = label.get("budget", "fixed").split("(")[0]
+    return f"{label['model']} + {draft} k={label['k']}" + ("" if budget == "fixed" else f" [{budget}]")
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str], sources: list[Path]) -> str:
+    first = next(iter(groups.values()))[0]
+    cfg = first["config"]
+    dev, ver = first.get("device", {}), first.get("versions", {})
+    n_pairs = sum(len(rs) for rs in groups.values())
+    mism = sum(s["mismatches"] for s in summaries)
+    parts = [
+        "# specpipe benchmark report",
+        "",
+        f"- machine: {dev.get('cpu', dev.get('machine', '?'))}, mlx device {dev.get('mlx_device', '?')}, BLAS {dev.get('blas', '?')}",
+        f"- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
+        f"- fixed per run: precision {first['label'].get('precision')}, max_tokens {cfg.get('max_tokens')}, batch 1, "
+        f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, warm-up {cfg.get('warmup')}",
+        f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from " + ", ".join(str(p) for p in sources),
+        "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first over the time after the first); "
+        "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back.",
+        "",
+        "## Token match (greedy losslessness)",
+        "",
+        f"**{mism} mismatches**: every speculative output equals its baseline token for token."
+        if not mism else f"**{mism} MISMATCHES** between speculative and baseline tokens: see the flagged rows below.",
+        "",
+        "## Summary",
+        "",
+        table(
+            ["suite", "config", "prompts", "baseline tok/s", "spec tok/s", "speed-up (min-max)", "e2e speed-up", "acceptance",
+             "tok/forward", "TTFT s", "prefill tok/s", "p50/p95/p99 ms", "peak MiB", "mismatches"],
+            [[s["label"]["suite"], config_name(s["label"]), s["prompts"], f"{s['base_tok_s']:.2f}", f"{s['spec_tok_s']:.2f}",
+              f"**{s['speedup']:.2f}x** ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})", f"{s['speedup_e2e']:.2f}x",
+              f"{s['acceptance']:.0%}", f"{s['tokens_per_forward']:.2f}", f"{s['ttft_s']:.2f}", f"{s['prefill_tok_s']:.0f}",
+              f"{s['p50']:.0f}/{s['p95']:.0f}/{s['p99']:.0f}", f"{s['peak_mib']:.0f}", s["mismatches"] or "0"] for s in summaries],
+        ),
+    ]
+    anchored = [s for s in summaries if s["anchor"]]
+    if anchored:
+        parts += [
+            "", "## specpipe vs mlx-lm (same run, same model objects, same prompt ids)", "",
+            "mlx-lm has no n-gram drafter: its speculative column is empty unless the drafter is a model (or `self`). "
+            "End-to-end (e2e) tok/s = generated tokens / wall time including prefill, on one clock for both systems.",
+            "",
+            table(
+                ["suite", "config", "specpipe plain", "specpipe spec", "specpipe speed-up", "mlx-lm plain", "mlx-lm spec",
+                 "mlx-lm speed-up", "e2e tok/s: ours plain / spec, mlx-lm plain / spec", "mlx-lm tokens differ"],
+                [[s["label"]["suite"], config_name(s["label"]), f"{s['base_tok_s']:.2f}", f"{s['spec_tok_s']:.2f}",
+                  f"{s['speedup']:.2f}x", f"{s['anchor']['plain_tok_s']:.2f}", _fmt(s["anchor"]["spec_tok_s"]),
+                  _fmt(s["anchor"]["speedup"], "x"),
+                  f"{s['anchor']['ours_base_e2e']:.2f} / {s['anchor']['ours_spec_e2e']:.2f}, "
+                  f"{s['anchor']['plain_e2e']:.2f} / {_fmt(s['anchor']['spec_e2e'])}",
+                  s["anchor"]["differs"]] for s in anchored],
+            ),
+        ]
+    parts += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    parts += ["", "## Per prompt", ""]
+    rows = []
+    for s, rs in zip(summaries, groups.values()):
+        for r in sorted(rs, key=lambda r: r["prompt_id"]):
+            flag = "ok" if r["tokens_match"] else f"**MISMATCH at {r['first_mismatch']}**"
+            a = r.get("anchor") or {}
+            anchor_flag = ", ".join(
+                f"mlx-lm {name} differs at {run['first_mismatch']}" for name, run in a.items()
+                if isinstance(run, dict) and run.get("first_mismatch") is not None
+            )
+            rows.append([s["label"]["suite"], config_name(s["label"]), r["prompt_id"], r["prompt_tokens"],
+                         f"{r['baseline']['decode_tok_s']:.2f}", f"{r['spec']['decode_tok_s']:.2f}", f"{r['speedup']:.2f}x",
+                         f"{r['spec']['acceptance_rate']:.0%}", r["spec"]["generated_tokens"], flag, anchor_flag or "-"])
+    parts.append(table(["suite", "config", "prompt", "prompt tokens", "baseline tok/s", "spec tok/s", "speed-up",
+                        "acceptance", "tokens", "spec == baseline", "anchor"], rows))
+    return "\n".join(parts) + "\n"
+
+
+def _fmt(value, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{suffix}"
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def write_report(target: str | Path) -> Path:
+    """Render `report.md` and the PNGs next to the results; returns the report path."""
+    from specpipe.bench_plots import draw_all
+
+    target = Path(target)
+    sources = find_results(target)
+    records = list(read_records(sources))
+    if not records:
+        raise FileNotFoundError(f"no benchmark results (bench.jsonl) under {target}")
+    out_dir = target if target.is_dir() else target.parent
+    groups = group_by_config(records)
+    summaries = [summarize(rs) for rs in groups.values()]
+    plots = draw_all(summaries, out_dir)
+    report = out_dir / "report.md"
+    report.write_text(render(summaries, groups, plots, sources), encoding="utf-8")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specpipe-bench-report", description=__doc__.splitlines()[0])
+    parser.add_argument("dir", help="a bench run or sweep folder (or a bench.jsonl file)")
+    args = parser.parse_args(argv)
+    try:
+        report = write_report(args.dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"specpipe-bench-report: error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

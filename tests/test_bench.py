@@ -1,0 +1,179 @@
+"""The benchmark harness: suites -> JSONL -> report with plots on a tiny random
+model, resume, mismatch flagging and one-line config errors. Timings are
+printed by the harness, never asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+import specpipe.bench_measure as bench_measure
+import specpipe.config  # noqa: F401  (registers the schemas)
+from specpipe.bench import run_bench
+from specpipe.bench_records import (
+    acceptance_by_position,
+    config_hash,
+    first_mismatch,
+    load_suite,
+    read_records,
+    suite_names,
+)
+from specpipe.bench_report import main as report_main
+from specpipe.bench_report import write_report
+from specpipe.events import Verified
+
+PLOTS = ("speedup_vs_k.png", "acceptance_by_position.png", "latency_cdf.png", "memory_vs_k.png")
+
+
+@pytest.fixture
+def suite_file(tmp_path) -> Path:
+    path = tmp_path / "tiny.jsonl"
+    rows = [{"id": "rep", "prompt": "ab ab ab ab ab"}, {"id": "count", "prompt": "one two three one two three"},
+            {"id": "third", "prompt": "x y z x y z x"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def bench_cfg(*overrides):
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        return compose(config_name="bench", overrides=["model=tiny-random", "max_tokens=12", "warmup=false", *overrides])
+
+
+def quiet(_line):
+    pass
+
+
+# ---------------------------------------------------------------- units
+
+
+def test_first_mismatch():
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1
+    assert first_mismatch([1, 2, 3], [1, 2]) == 2  # a shorter output differs where it stops
+    assert first_mismatch([], []) is None
+
+
+def test_acceptance_by_position_counts():
+    steps = [Verified(step=1, accepted_ids=[1, 2], rejected_ids=[3], seconds=0.0),
+             Verified(step=2, accepted_ids=[], rejected_ids=[4], seconds=0.0),
+             Verified(step=3, accepted_ids=[], rejected_ids=[], seconds=0.0)]  # an empty draft counts nowhere
+    assert acceptance_by_position(steps) == ([2, 1, 1], [1, 1, 0])
+
+
+def test_config_hash_ignores_where_and_how_many():
+    a = {"model": {"name": "m"}, "budget": {"k": 4}, "limit": 2, "resume": False, "results": None}
+    assert config_hash(a) == config_hash({**a, "limit": 10, "resume": True, "results": "/x.jsonl"})
+    assert config_hash(a) != config_hash({**a, "budget": {"k": 8}})
+
+
+def test_packaged_suites():
+    assert {"code", "math", "longdoc", "prose"} <= set(suite_names())
+    for name in ("code", "math", "longdoc", "prose"):
+        prompts = load_suite(name)
+        assert len(prompts) >= 10, name
+        assert len({p["id"] for p in prompts}) == len(prompts)
+    assert min(len(p["prompt"]) for p in load_suite("longdoc")) > 2000  # prefill-heavy
+    assert len(load_suite("code", limit=3)) == 3
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_sweep_to_report_end_to_end(tmp_path, suite_file):
+    """`specpipe-bench -m` on a tiny model -> one JSONL in the sweep folder -> report.md + PNGs."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.bench", "-m", "model=tiny-random", "draft=ngram,model", "budget.k=2",
+         f"suite.path={suite_file}", "limit=2", "max_tokens=16", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[bench 2/2]" in proc.stderr  # one progress line per prompt
+    records = list(read_records([sweep / "bench.jsonl"]))
+    assert len(records) == 4  # 2 configs x 2 prompts, both jobs in the one sweep file
+    assert len({r["config_hash"] for r in records}) == 2
+    for r in records:
+        assert r["config"]["model"]["name"] == "tiny-random" and r["config"]["max_tokens"] == 16
+        assert r["tokens_match"] and r["spec"]["token_ids"] == r["baseline"]["token_ids"]
+        assert r["speedup"] > 0 and r["spec"]["latency_ms"]["p99"] >= r["spec"]["latency_ms"]["p50"]
+        assert r["anchor"]["plain"]["first_mismatch"] is None  # mlx-lm's greedy tokens equal ours
+    self_draft = [r for r in records if r["label"]["drafter"] == "model"]
+    assert all(r["spec"]["acceptance_rate"] == 1.0 for r in self_draft)  # the target drafting for itself
+    assert all(r["anchor"]["spec"]["first_mismatch"] is None for r in self_draft)
+
+    report_main([str(sweep)])
+    text = (sweep / "report.md").read_text()
+    assert "**0 mismatches**" in text and "mlx-lm" in text
+    for png in PLOTS:
+        assert (sweep / png).stat().st_size > 1000 and f"({png})" in text
+
+
+def test_resume_skips_done_pairs(tmp_path, suite_file):
+    results = tmp_path / "bench.jsonl"
+    cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "anchor=false", "resume=true", f"results={results}")
+    first = run_bench(cfg, results, log=quiet)
+    assert [r["prompt_id"] for r in first] == ["rep", "count"]
+    assert run_bench(cfg, results, log=quiet) == []  # everything done: nothing loads, nothing runs
+    more = bench_cfg(f"suite.path={suite_file}", "limit=3", "anchor=false", "resume=true", f"results={results}")
+    assert [r["prompt_id"] for r in run_bench(more, results, log=quiet)] == ["third"]  # limit is not in the hash
+    assert len(results.read_text().splitlines()) == 3
+
+
+def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
+    """A speculative run that drifts from the baseline is recorded and reported, not raised."""
+    real = bench_measure.measure_specpipe
+
+    def drifting(session, prompt_ids, max_tokens):
+        record = real(session, prompt_ids, max_tokens)
+        if session.drafter.name != "none":
+            record["token_ids"] = record["token_ids"][:3] + [record["token_ids"][3] + 1] + record["token_ids"][4:]
+        return record
+
+    monkeypatch.setattr(bench_measure, "measure_specpipe", drifting)
+    results = tmp_path / "bench.jsonl"
+    (r, *_) = run_bench(bench_cfg(f"suite.path={suite_file}", "limit=1", "anchor=false"), results, log=quiet)
+    assert r["tokens_match"] is False and r["first_mismatch"] == 3
+    text = write_report(results).read_text()
+    assert "1 MISMATCHES" in text and "MISMATCH at 3" in text
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [(["suite=bogus"], "unknown option suite=bogus"), (["nope=1"], "unknown config key"),
+     (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist")],
+)
+def test_bad_input_is_one_line(tmp_path, args, words):
+    proc = subprocess.run([sys.executable, "-m", "specpipe.bench", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_ctrl_c_keeps_finished_prompts(tmp_path):
+    """SIGINT mid-suite: exit 130, one line, and every finished prompt is already in the JSONL."""
+    suite = tmp_path / "many.jsonl"
+    suite.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"count {i} {i} {i}"}) + "\n" for i in range(40)))
+    results = tmp_path / "bench.jsonl"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specpipe.bench", "model=tiny-random", f"suite.path={suite}", "limit=null",
+         "max_tokens=64", "anchor=false", f"results={results}"],
+        cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and "[bench 2/" not in proc.stderr.readline():
+        pass
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "resume=true" in err
+    done = list(read_records([results]))
+    assert len(done) >= 2 and all(r["tokens_match"] for r in done)
