@@ -3,7 +3,8 @@ draft cost c), print the curve and the predicted speed-up per K at several
 acceptance rates, save `calibration.json` and `calibration.png` in the run
 folder, and refresh the cache that `budget=auto` reads.
 
-Same config and overrides as `specpipe` (model, draft, quant, ...).
+Same config and overrides as `specpipe` (model, draft, quant, ...);
+`+quick=true` measures 7 points instead of 33 (slow devices, big models).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
 
     cfg = OmegaConf.merge(cfg, {"budget": {"_target_": "specpipe.budgets.fixed.FixedBudget", "name": "fixed"}})
     session = Session(cfg)
-    curve = verify_cost_curve(session.target, quick=False, refresh=True)
-    c = draft_cost(session.drafter, session.target, quick=False)
+    quick = bool(cfg.get("quick", False))
+    curve = verify_cost_curve(session.target, quick=quick, refresh=True)
+    c = draft_cost(session.drafter, session.target, quick=quick)
     ratio = curve["ratio"]
     out = Path(out_dir or _hydra_dir() or "outputs/calibration")
     out.mkdir(parents=True, exist_ok=True)
