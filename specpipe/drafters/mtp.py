@@ -1,0 +1,116 @@
+"""`draft=mtp`: a multi-token-prediction head drafts from the target's own
+hidden state (Qwen3.5 / Qwen3-Next `mtp.*`, DeepSeek-V3 / GLM nextn, or a
+head made by `specpipe-train-drafter`).
+
+Contract: `propose(context, k)` feeds the head one (h[i-1], token i) pair per
+context position it has not seen, reading h from the HiddenTape that records
+the target's verify forwards and prefill, then chains k-1 more steps on the
+head's own output. The head's KV cache is not a list of target-shaped caches,
+so `cache = None` and the drafter keeps it consistent itself: each propose
+first drops the chained pairs of the last step (their hidden state was the
+head's guess, not the target's) and any pair whose tokens left the context.
+
+Worked example (context [a, b, c, d], k=3): the tape holds h0 h1 h2 (d is
+the newest token, not yet through the target). Pairs (h0,b) (h1,c) (h2,d)
+give x3 -> draft e; then (x3,e) -> f, (x4,f) -> g. Target accepts e, f and
+emits r: context [a..f, r], tape h0..h5. Next propose trims the 2 chained
+pairs and feeds (h3,e) (h4,f) (h5,r).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from specpipe.drafters.hidden_tape import attach
+from specpipe.drafters.layerskip import llama_parts
+from specpipe.drafters.mtp_head import load_head
+from specpipe.stages.draft import Draft
+
+
+class MtpDrafter:
+    name = "mtp"
+    engine = None  # the head is not an Engine; it runs on the target's arrays
+    cache = None  # managed here (see module docstring), not by the rollback stage
+
+    def __init__(self, target, head: str | None = None, sampler=None, **_runtime):
+        """
+        Args:
+            target: the target Engine; its embedding and LM head are shared.
+            head: draft.head path (see mtp_head.load_head); None: the model's own.
+            sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+        """
+        self.target, self.sampler = target, sampler
+        self.inner, self.lm_head = llama_parts(target.model, "mtp")
+        self.head, self.source = load_head(target, self.inner, head)
+        self.tape = attach(self.inner)
+        self.cached_len = 0
+        self.forwards = 0  # head forwards
+        self.target_recomputes = 0  # times the tape did not cover the context (should stay 0)
+        self._head_cache = KVCache()
+        self._seen: list[int] = []  # context tokens behind the pairs in the head cache
+        self._pairs = 0  # pairs (h[i-1], t[i]) for i = 1.._pairs, with the target's h
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        # The target prefill just ran through the tape; the head sees the prompt at the first propose.
+        self._head_cache, self._seen, self._pairs = KVCache(), [], 0
+        self.cached_len = 0
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        n = len(context_ids)
+        if k <= 0 or n < 2:
+            return Draft(token_ids=[])  # position 0 has no previous hidden state to pair with
+        self._forget_stale(context_ids)
+        hidden = self._target_hidden(context_ids, self._pairs, n - 1)  # [m, H]: h[pairs] .. h[n-2]
+        tokens = mx.array(context_ids[self._pairs + 1 : n], dtype=mx.uint32)
+        x = self.head(hidden[None], self.inner.embed_tokens(tokens)[None], self._head_cache)[:, -1:]
+        self._seen, self._pairs = list(context_ids), n - 1
+
+        # Chain: each step feeds the head's own output as the next hidden state.
+        # Lazy graph, one evaluation at the end (no host round trip per token).
+        sampled = self.sampler is not None and not self.sampler.greedy
+        drafted, q_rows = [], []
+        for i in range(k):
+            logits = self.lm_head(x)[0].astype(mx.float32)  # [1, vocab]
+            if sampled:
+                q = self.sampler.probs(logits)
+                y = self.sampler.sample(q)
+                q_rows.append(q)
+            else:
+                y = mx.argmax(logits, axis=-1).astype(mx.uint32)
+            drafted.append(y)
+            if i < k - 1:
+                x = self.head(x, self.inner.embed_tokens(y)[None], self._head_cache)
+        self.forwards += k
+        self.cached_len = n + k - 1  # context + k-1 chained drafts (for the RolledBack event)
+        draft_ids = mx.concatenate(drafted).tolist()
+        return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None)
+
+    def _forget_stale(self, context_ids: list[int]) -> None:
+        """Trim the head cache to the pairs still true for this context.
+
+        Pair i uses tokens 0..i, so it survives while those equal the context.
+        """
+        same = 0
+        for a, b in zip(self._seen, context_ids):
+            if a != b:
+                break
+            same += 1
+        # at least one pair is fed each step: its output is the first draft
+        self._pairs = min(self._pairs, max(same - 1, 0), len(context_ids) - 2)
+        drop = self._head_cache.offset - self._pairs
+        if drop > 0:
+            self._head_cache.trim(drop)
+
+    def _target_hidden(self, context_ids: list[int], begin: int, end: int):
+        """The target's h for positions [begin, end), from the tape.
+
+        Falls back to one target forward over the context when the tape does
+        not hold this context (the target was used by someone else in between).
+        """
+        if not self.tape.covers(context_ids, end):
+            self.target_recomputes += 1
+            with self.tape.paused():
+                hidden = self.inner(mx.array(context_ids[:end], dtype=mx.uint32)[None], cache=None)[0]
+            self.tape.write(0, context_ids[:end], hidden)
+        return self.tape.rows(begin, end)

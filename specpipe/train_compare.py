@@ -1,0 +1,74 @@
+"""Side-by-side figures for drafters without a second model on one target:
+the trained MTP head, layer skip at two depths and n-gram, on code prompts.
+
+Contract: `python -m specpipe.train_compare [max_tokens] [k] [n_prompts]`
+prints a Markdown table (acceptance by draft position, tokens per target
+forward, acceptance rate) built from each run's RunFinished stats. Greedy
+only; it also checks every drafter's tokens equal draft=none's. Numbers, no
+assertions on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+
+from specpipe.engine.blas import preload_blas
+
+preload_blas()  # before mlx
+
+
+def main() -> None:
+    from specpipe.budgets.fixed import FixedBudget
+    from specpipe.drafters.layerskip import LayerSkipDrafter
+    from specpipe.drafters.mtp import MtpDrafter
+    from specpipe.drafters.ngram import NgramDrafter
+    from specpipe.drafters.none import NoneDrafter
+    from specpipe.engine.loader import load_engine
+    from specpipe.pipeline import SpeculativePipeline
+    from specpipe.rollbacks.trim import TrimRollback
+    from specpipe.stages.bonus import GreedyBonus
+    from specpipe.stages.compare import GreedyComparator
+
+    max_tokens, k, n_prompts = (int(a) for a in (sys.argv[1:] + ["64", "4", "3"][len(sys.argv) - 1 :])[:3])
+    target = load_engine("smollm2-135m", precision="float32")
+    lines = resources.files("specpipe.suites").joinpath("code.jsonl").read_text().splitlines()
+    prompts = [json.loads(line) for line in lines[:n_prompts]]
+    n_layers = len(target.model.model.layers)
+    drafters = {
+        "mtp (trained head)": lambda: MtpDrafter(target=target),
+        f"layerskip depth {n_layers // 4}": lambda: LayerSkipDrafter(target=target, depth=n_layers // 4),
+        f"layerskip depth {n_layers // 2}": lambda: LayerSkipDrafter(target=target, depth=n_layers // 2),
+        "ngram": lambda: NgramDrafter(),
+    }
+
+    def run(drafter, ids, budget):
+        pipe = SpeculativePipeline(target, drafter, FixedBudget(k=budget), GreedyComparator(), TrimRollback(), GreedyBonus())
+        return list(pipe.run(ids, max_tokens, stop_ids=set()))[-1]
+
+    encoded = [target.encode_prompt(p["prompt"], chat=True) for p in prompts]
+    baselines = [run(NoneDrafter(), ids, 1).token_ids for ids in encoded]
+    print(f"SmolLM2-135M float32, greedy, K={k}, {max_tokens} tokens x {len(prompts)} code prompts ({', '.join(p['id'] for p in prompts)})\n")
+    print("| drafter | acceptance by position 1..K | tokens / target forward | acceptance rate | drafter forwards |")
+    print("|---|---|---|---|---|")
+    for label, make in drafters.items():
+        totals = {"accepted": 0, "drafted": 0, "forwards": 0, "tokens": 0, "by_pos": [0.0] * k, "draft_forwards": 0}
+        for ids, baseline in zip(encoded, baselines):
+            final = run(make(), ids, k)
+            assert final.token_ids == baseline, f"{label}: output differs from draft=none"
+            s = final.stats
+            totals["accepted"] += s.accepted
+            totals["drafted"] += s.drafted
+            totals["tokens"] += s.generated_tokens
+            totals["forwards"] += s.target_forwards
+            totals["draft_forwards"] += s.draft_forwards
+            for i, a in enumerate(s.acceptance_by_position[:k]):
+                totals["by_pos"][i] += a / len(encoded)
+        by_pos = " ".join(f"{a:.2f}" for a in totals["by_pos"])
+        rate = totals["accepted"] / max(totals["drafted"], 1)
+        print(f"| {label} | {by_pos} | {totals['tokens'] / max(totals['forwards'], 1):.2f} | {rate:.2f} | {totals['draft_forwards']} |")
+
+
+if __name__ == "__main__":
+    main()
