@@ -34,7 +34,10 @@ def test_every_option_composes(override):
 
 @pytest.mark.parametrize("option", options("draft"))
 def test_every_drafter_builds_against_a_tiny_model(option):
-    cfg = compose_with([f"draft={option}"])
+    if option == "mtp":
+        pytest.skip("needs a trained or shipped head: built from a checkpoint folder in test_drafters_extra.py")
+    extra = ["draft.depth=1"] if option == "layerskip" else []
+    cfg = compose_with([f"draft={option}", *extra])
     target = tiny("llama")
     drafter = instantiate(cfg.draft)(target=target, load=None)
     assert drafter.name == option
@@ -52,7 +55,7 @@ def test_every_budget_and_rollback_builds(group):
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("draft=bogus", "unknown option draft=bogus: choose one of model, ngram, none"[:45]),
+        ("draft=bogus", "unknown option draft=bogus: choose one of"),
         ("budget.k=abc", "budget.k"),
         ("foo=1", "unknown config key 'foo'"),
         ("draft.foo=3", "unknown config key 'draft.foo'"),

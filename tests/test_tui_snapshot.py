@@ -17,8 +17,10 @@ from tui_script import scripted_events
 async def _settle(pilot) -> None:
     pilot.app.query_one(Input).cursor_blink = False  # a blinking cursor would differ between runs
     await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.pause()
+    # the worker's last messages (and the refreshes they schedule) may still be queued
+    for _ in range(10):
+        await pilot.pause(0.05)
+    await pilot.wait_for_scheduled_animations()
 
 
 def test_highlighted_transcript(snap_compare):
