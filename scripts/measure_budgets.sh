@@ -24,3 +24,11 @@ specpipe-bench -m suite=code,prose budget=adaptive,auto limit=4 max_tokens=64 an
   hydra.sweep.dir="$OUT/adaptive-auto"
 specpipe-bench-report "$OUT/fixed"
 specpipe-bench-report "$OUT/adaptive-auto"
+
+# confidence (needs a drafter with probabilities: layer skip) vs fixed, and the real pair with auto
+specpipe-bench -m suite=code,prose draft=layerskip draft.depth=20 budget=confidence,fixed budget.k=8 limit=4 max_tokens=64 anchor=false \
+  hydra.sweep.dir="$OUT/confidence"
+specpipe-bench-report "$OUT/confidence"
+specpipe-bench -m preset=real-pair suite=code budget=auto,fixed budget.k=4 limit=2 max_tokens=48 \
+  hydra.sweep.dir="$OUT/real-pair"
+specpipe-bench-report "$OUT/real-pair"
