@@ -29,6 +29,8 @@ specpipe-bench-report "$OUT/adaptive-auto"
 specpipe-bench -m suite=code,prose draft=layerskip draft.depth=20 budget=confidence,fixed budget.k=8 limit=4 max_tokens=64 anchor=false \
   hydra.sweep.dir="$OUT/confidence"
 specpipe-bench-report "$OUT/confidence"
-specpipe-bench -m preset=real-pair suite=code budget=auto,fixed budget.k=4 limit=2 max_tokens=48 \
-  hydra.sweep.dir="$OUT/real-pair"
+specpipe-bench preset=real-pair suite=code budget=fixed budget.k=4 limit=2 max_tokens=48 results="$OUT/real-pair/bench.jsonl" \
+  hydra.run.dir="$OUT/real-pair/fixed"
+specpipe-bench preset=real-pair suite=code budget=auto limit=2 max_tokens=48 results="$OUT/real-pair/bench.jsonl" \
+  hydra.run.dir="$OUT/real-pair/auto"
 specpipe-bench-report "$OUT/real-pair"
