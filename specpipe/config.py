@@ -110,7 +110,9 @@ class PromptConfig:
 
 
 @dataclass
-class SpecpipeConfig:
+class PipelineGroups:
+    """The groups every app composes (specpipe, specpipe-bench, specpipe-chat)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     draft: Any = MISSING
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -118,6 +120,10 @@ class SpecpipeConfig:
     rollback: Any = MISSING
     compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class SpecpipeConfig(PipelineGroups):
     prompt: PromptConfig = field(default_factory=PromptConfig)
     max_tokens: int = 128
     stream: bool = True  # print text as it is generated
@@ -158,14 +164,7 @@ class SuiteConfig:
 
 
 @dataclass
-class BenchConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    draft: Any = MISSING
-    quant: QuantConfig = field(default_factory=QuantConfig)
-    budget: Any = MISSING
-    rollback: Any = MISSING
-    compare: Any = MISSING
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+class BenchConfig(PipelineGroups):
     suite: SuiteConfig = field(default_factory=SuiteConfig)
     max_tokens: int = 64
     limit: Optional[int] = None  # first N prompts of the suite; None: all
