@@ -133,19 +133,19 @@ class SpecpipeConfig(PipelineGroups):
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="specpipe_schema", node=SpecpipeConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="quant", name="quant_schema", node=QuantConfig)
-    cs.store(group="draft", name="none_schema", node=NoneDraftConfig)
-    cs.store(group="draft", name="ngram_schema", node=NgramDraftConfig)
-    cs.store(group="draft", name="model_schema", node=ModelDraftConfig)
-    cs.store(group="budget", name="fixed_schema", node=FixedBudgetConfig)
-    cs.store(group="budget", name="adaptive_schema", node=AdaptiveBudgetConfig)
-    cs.store(group="budget", name="confidence_schema", node=ConfidenceBudgetConfig)
-    cs.store(group="budget", name="auto_schema", node=AutoBudgetConfig)
-    cs.store(group="rollback", name="trim_schema", node=TrimRollbackConfig)
-    cs.store(group="compare", name="compare_schema", node=CompareConfig)
-    cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
-    cs.store(group="prompt", name="prompt_schema", node=PromptConfig)
+    cs.store(group="schema/model", name="model", node=ModelConfig)
+    cs.store(group="schema/quant", name="quant", node=QuantConfig)
+    cs.store(group="schema/draft", name="none", node=NoneDraftConfig)
+    cs.store(group="schema/draft", name="ngram", node=NgramDraftConfig)
+    cs.store(group="schema/draft", name="model", node=ModelDraftConfig)
+    cs.store(group="schema/budget", name="fixed", node=FixedBudgetConfig)
+    cs.store(group="schema/budget", name="adaptive", node=AdaptiveBudgetConfig)
+    cs.store(group="schema/budget", name="confidence", node=ConfidenceBudgetConfig)
+    cs.store(group="schema/budget", name="auto", node=AutoBudgetConfig)
+    cs.store(group="schema/rollback", name="trim", node=TrimRollbackConfig)
+    cs.store(group="schema/compare", name="compare", node=CompareConfig)
+    cs.store(group="schema/sampling", name="sampling", node=SamplingConfig)
+    cs.store(group="schema/prompt", name="prompt", node=PromptConfig)
 
 
 register()
@@ -177,7 +177,7 @@ class BenchConfig(PipelineGroups):
 def register_bench() -> None:
     cs = ConfigStore.instance()
     cs.store(name="bench_schema", node=BenchConfig)
-    cs.store(group="suite", name="suite_schema", node=SuiteConfig)
+    cs.store(group="schema/suite", name="suite", node=SuiteConfig)
 
 
 register_bench()
@@ -203,9 +203,9 @@ class AutoRollbackConfig(PluginConfig):
 
 def register_rollbacks() -> None:
     cs = ConfigStore.instance()
-    cs.store(group="rollback", name="checkpoint_schema", node=CheckpointRollbackConfig)
-    cs.store(group="rollback", name="recompute_schema", node=RecomputeRollbackConfig)
-    cs.store(group="rollback", name="auto_schema", node=AutoRollbackConfig)
+    cs.store(group="schema/rollback", name="checkpoint", node=CheckpointRollbackConfig)
+    cs.store(group="schema/rollback", name="recompute", node=RecomputeRollbackConfig)
+    cs.store(group="schema/rollback", name="auto", node=AutoRollbackConfig)
 
 
 register_rollbacks()
@@ -251,8 +251,8 @@ class TrainDrafterConfig:
 
 def register_drafters_extra() -> None:
     cs = ConfigStore.instance()
-    cs.store(group="draft", name="layerskip_schema", node=LayerSkipDraftConfig)
-    cs.store(group="draft", name="mtp_schema", node=MtpDraftConfig)
+    cs.store(group="schema/draft", name="layerskip", node=LayerSkipDraftConfig)
+    cs.store(group="schema/draft", name="mtp", node=MtpDraftConfig)
     cs.store(name="train_drafter_schema", node=TrainDrafterConfig)
 
 

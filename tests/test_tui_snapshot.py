@@ -17,8 +17,13 @@ from tui_script import scripted_events
 async def _settle(pilot) -> None:
     pilot.app.query_one(Input).cursor_blink = False  # a blinking cursor would differ between runs
     await pilot.app.workers.wait_for_complete()
-    # the worker's last messages (and the refreshes they schedule) may still be queued
-    for _ in range(10):
+    # The worker's last messages (and the refreshes they schedule) may still be
+    # queued on a busy machine: wait until the transcript's last line is drawn.
+    for _ in range(200):
+        if "done" in pilot.app.export_screenshot():
+            break
+        await pilot.pause(0.05)
+    for _ in range(4):
         await pilot.pause(0.05)
     await pilot.wait_for_scheduled_animations()
 
