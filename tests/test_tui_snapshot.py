@@ -19,10 +19,15 @@ async def _settle(pilot) -> None:
     await pilot.app.workers.wait_for_complete()
     # The worker's last messages (and the refreshes they schedule) may still be
     # queued on a busy machine: wait until the transcript's last line is drawn.
-    for _ in range(200):
-        if "done" in pilot.app.export_screenshot():
+    for _ in range(100):
+        if "#&#160;done" in pilot.app.export_screenshot():
             break
         await pilot.pause(0.05)
+    else:
+        # Still short of the last line: redraw from the same events (the data is
+        # complete once the worker ended; a late layout pass is what can lag).
+        pilot.app.redraw()
+        await pilot.pause(0.1)
     for _ in range(4):
         await pilot.pause(0.05)
     await pilot.wait_for_scheduled_animations()

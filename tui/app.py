@@ -161,6 +161,7 @@ class ChatApp(App):
     def redraw(self) -> None:
         if self.answer is not None:
             self.answer.refresh_text()
+            self.answer.refresh(layout=True)  # the answer grew: re-measure it, or its last lines can stay clipped
             self.query_one("#log", VerticalScroll).scroll_end(animate=False)
         self.query_one(StatsPanel).show(self.figures, self.pending_k())
 
