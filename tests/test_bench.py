@@ -167,6 +167,8 @@ def test_ctrl_c_keeps_finished_prompts(tmp_path):
         [sys.executable, "-m", "specpipe.bench", "model=tiny-random", f"suite.path={suite}", "limit=null",
          "max_tokens=64", "anchor=false", f"results={results}"],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env,
+        # a runner started in the background may ignore SIGINT; the child must not inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     while time.time() < deadline and "[bench 2/" not in proc.stderr.readline():

@@ -90,6 +90,8 @@ def test_ctrl_c_keeps_what_was_generated(tmp_path):
         [sys.executable, "-m", "specpipe.cli", "model=tiny-random", "+model.tiny.num_hidden_layers=8", "+model.tiny.hidden_size=256", "+model.tiny.intermediate_size=1024",
          "draft=none", "max_tokens=100000", "prompt.text=hi"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # a runner started in the background may ignore SIGINT; the child must not inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     out = ""
     deadline = time.time() + 120
