@@ -69,7 +69,6 @@ def describe_config_error(exc: Exception) -> str:
     if missing:
         group, option = missing.groups()
         options = [o.strip() for o in text.split(f"Available options in '{group}':")[-1].split("Config search path")[0].split()]
-        options = [o for o in options if not o.endswith("_schema")]
         return f"unknown option {group}={option}: choose one of {', '.join(options)}"
     key = re.search(r"full_key: (\S+)", cause)
     if "not in" in cause and key:

@@ -7,8 +7,6 @@ classes are always mlx-lm's own. Weight precision is changed afterwards by
 
 from __future__ import annotations
 
-import importlib
-
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
@@ -161,12 +159,3 @@ def weight_dtype(model: nn.Module) -> str:
         return "/".join(f"q{b}" for b in bits)
     dtypes = {v.dtype for _, v in tree_flatten(model.parameters())}
     return ",".join(sorted(str(d).replace("mlx.core.", "") for d in dtypes))
-
-
-def importable_arch(model_type: str) -> bool:
-    """True when mlx-lm ships a module for `model_type`."""
-    try:
-        importlib.import_module(f"mlx_lm.models.{model_type}")
-        return True
-    except ImportError:
-        return False
