@@ -139,13 +139,18 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     def encode(prompt: dict) -> list[int]:
         return spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
 
+    anchor_ks = sorted(set(cfg.anchor_ks or [k])) if anchor_draft is not None else []
+
     def anchor_runs(ids: list[int], max_tokens: int) -> dict:
         model, tok = spec.target.model, spec.target.tokenizer
         plain = measure_mlx_lm(model, tok, ids, max_tokens, sampling=snapshot["sampling"])
-        spec_run = None
-        if anchor_draft is not None:
-            spec_run = measure_mlx_lm(model, tok, ids, max_tokens, anchor_draft, k, sampling=snapshot["sampling"])
-        return {"plain": plain, "spec": spec_run}
+        sweep = {
+            str(ak): measure_mlx_lm(model, tok, ids, max_tokens, anchor_draft, ak, sampling=snapshot["sampling"])
+            for ak in anchor_ks
+        }
+        # "spec" stays mlx-lm at the budget's k (or the sweep's first K when k is not swept).
+        spec_run = sweep.get(str(k)) or next(iter(sweep.values()), None)
+        return {"plain": plain, "spec": spec_run, "sweep": sweep if len(sweep) > 1 else None}
 
     if cfg.warmup:
         # Untimed: first calls pay for allocation and BLAS thread start-up.
@@ -180,10 +185,12 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         record["tokens_match"] = record["first_mismatch"] is None
         if cfg.anchor:
             a = anchor_runs(ids, cfg.max_tokens)
-            for run in (a["plain"], a["spec"]):
+            for run in (a["plain"], *(a["sweep"] or {"k": a["spec"]}).values()):
                 if run is not None:
                     run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
             a["speedup"] = _ratio(a["spec"]["decode_tok_s"], a["plain"]["decode_tok_s"]) if a["spec"] else None
+            for run in (a["sweep"] or {}).values():
+                run["speedup"] = _ratio(run["decode_tok_s"], a["plain"]["decode_tok_s"])
             record["anchor"] = a
         out.append(record)
         records.append(record)

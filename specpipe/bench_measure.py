@@ -3,7 +3,8 @@
 Contract: `measure_specpipe` drives a Session and keeps its RunStats plus the
 per-position acceptance counts and per-token gaps; `measure_mlx_lm` runs
 mlx-lm's own `stream_generate` on the same model objects and prompt ids
-(greedy), timed the same way. Both raise KeyboardInterrupt when Ctrl-C cut
+(greedy), timed the same way: decode tok/s = generated tokens / time from
+the end of the prefill to the last token, for both systems. Both raise KeyboardInterrupt when Ctrl-C cut
 the run short, so a half-measured prompt is never recorded.
 """
 
@@ -64,6 +65,7 @@ def measure_mlx_lm(
         from_draft (tokens mlx-lm took from the draft).
     """
     from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     s = sampling or {}
@@ -78,15 +80,23 @@ def measure_mlx_lm(
     last = None
     response = None
     t0 = time.perf_counter()
-    for response in stream_generate(model, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens, **kwargs):
+    # The prompt (all but its last token) goes into mlx-lm's own prompt caches first, so the prefill end is
+    # known: timing from the first token instead would leave out a whole speculative step (its tokens all
+    # arrive with the first one) and flatter mlx-lm's speculative rate.
+    cache = make_prompt_cache(model) + (make_prompt_cache(draft_model) if draft_model is not None else [])
+    for m, c in ((model, cache[: len(model.layers)]), (draft_model, cache[len(model.layers) :])):
+        if m is not None:
+            _prefill(m, c, prompt_ids[:-1])
+    prefill_end = time.perf_counter() - t0
+    stream = stream_generate(model, tokenizer, mx.array(prompt_ids[-1:]), max_tokens=max_tokens, prompt_cache=cache, **kwargs)
+    for response in stream:
         now = time.perf_counter() - t0
         # The last response repeats the EOS token that ended the run (finish_reason "stop"): not output.
         if response.finish_reason == "stop":
             break
         if last is None:
             ttft = now
-        else:
-            gaps.append(round(1000.0 * (now - last), 3))
+        gaps.append(round(1000.0 * (now - (prefill_end if last is None else last)), 3))
         last = now
         token_ids.append(int(response.token))
         from_draft += int(response.from_draft)
@@ -100,10 +110,17 @@ def measure_mlx_lm(
         "ttft_s": ttft if n else 0.0,
         "wall_s": wall,
         "e2e_tok_s": n / wall if wall else 0.0,
-        # Tokens after the first over the time after the first: the first one pays for the prefill.
-        "decode_tok_s": (n - 1) / (last - ttft) if n > 1 and last > ttft else 0.0,
+        "prefill_s": prefill_end,
+        "decode_tok_s": n / (last - prefill_end) if n and last > prefill_end else 0.0,
         "gaps_ms": gaps,
         "peak_memory_bytes": int(mx.get_peak_memory()),
         "from_draft": from_draft,
         "num_draft_tokens": k if draft_model is not None else 0,
     }
+
+
+def _prefill(model, cache: list, ids: list[int], chunk: int = 512) -> None:
+    """mlx-lm's own prompt processing (its generate_step prefill), on the given caches."""
+    for start in range(0, len(ids), chunk):
+        model(mx.array(ids[start : start + chunk], dtype=mx.uint32)[None], cache=cache)
+        mx.eval([c.state for c in cache])

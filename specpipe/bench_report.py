@@ -95,8 +95,24 @@ def summarize(rs: list[dict]) -> dict:
             "differs": sum(
                 run is not None and run.get("first_mismatch") is not None for a in anchored for run in (a["plain"], a["spec"])
             ),
+            "sweep": _anchor_sweep(anchored),
         }
     return out
+
+
+def _anchor_sweep(anchored: list[dict]) -> dict | None:
+    """mlx-lm's num_draft_tokens sweep pooled over prompts: per K mean tok/s and geomean speed-up, and the best K."""
+    swept = [a["sweep"] for a in anchored if a.get("sweep")]
+    if not swept:
+        return None
+    ks = sorted({int(k) for sw in swept for k in sw})
+    per_k = {
+        k: {"tok_s": mean([sw[str(k)]["decode_tok_s"] for sw in swept if str(k) in sw]),
+            "speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw])}
+        for k in ks
+    }
+    best = max(ks, key=lambda k: per_k[k]["speedup"])
+    return {"per_k": per_k, "best_k": best, "best_speedup": per_k[best]["speedup"]}
 
 
 def pooled_positions(runs: list[dict]) -> tuple[list[int], list[int]]:
@@ -121,8 +137,10 @@ def _div(a: float, b: float) -> float:
 
 def config_name(label: dict) -> str:
     draft = label["drafter"] if label["drafter"] != "model" else f"model:{label.get('draft_model')}"
-    budget = label.get("budget", "fixed").split("(")[0]
-    return f"{label['model']} + {draft} k={label['k']}" + ("" if budget == "fixed" else f" [{budget}]")
+    budget = label.get("budget", "fixed")
+    if budget.split("(")[0] == "fixed":
+        return f"{label['model']} + {draft} k={label['k']}"
+    return f"{label['model']} + {draft} [{budget}]"
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -182,6 +200,22 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                   s["anchor"]["differs"]] for s in anchored],
             ),
         ]
+    swept = [s for s in anchored if s["anchor"]["sweep"]]
+    if swept:
+        ks = sorted({k for s in swept for k in s["anchor"]["sweep"]["per_k"]})
+        parts += [
+            "", "## mlx-lm's num_draft_tokens sweep (same run)", "",
+            "Speed-up of mlx-lm's speculative decoding over mlx-lm's own plain decoding, geometric mean over prompts; "
+            "the best K is chosen over the whole suite (no per-prompt oracle).",
+            "",
+            table(
+                ["suite", "config", *[f"mlx-lm K={k}" for k in ks], "mlx-lm best", "specpipe speed-up", "specpipe / mlx-lm best"],
+                [[s["label"]["suite"], config_name(s["label"]),
+                  *[_fmt(s["anchor"]["sweep"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
+                  f"{s['anchor']['sweep']['best_speedup']:.2f}x (K={s['anchor']['sweep']['best_k']})",
+                  f"{s['speedup']:.2f}x", f"**{s['speedup'] / s['anchor']['sweep']['best_speedup']:.2f}**"] for s in swept],
+            ),
+        ]
     parts += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     parts += ["", "## Per prompt", ""]
     rows = []
@@ -189,8 +223,9 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         for r in sorted(rs, key=lambda r: r["prompt_id"]):
             flag = "ok" if r["tokens_match"] else f"**MISMATCH at {r['first_mismatch']}**"
             a = r.get("anchor") or {}
+            runs = {"plain": a.get("plain"), "spec": a.get("spec"), **{f"K={k}": v for k, v in (a.get("sweep") or {}).items()}}
             anchor_flag = ", ".join(
-                f"mlx-lm {name} differs at {run['first_mismatch']}" for name, run in a.items()
+                f"mlx-lm {name} differs at {run['first_mismatch']}" for name, run in runs.items()
                 if isinstance(run, dict) and run.get("first_mismatch") is not None
             )
             rows.append([s["label"]["suite"], config_name(s["label"]), r["prompt_id"], r["prompt_tokens"],

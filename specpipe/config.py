@@ -9,7 +9,7 @@ constructors (they raise SpecpipeError).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -170,6 +170,9 @@ class BenchConfig(PipelineGroups):
     limit: Optional[int] = None  # first N prompts of the suite; None: all
     warmup: bool = True  # one untimed short run of every path before measuring
     anchor: bool = True  # also run mlx-lm's own generation on the same model objects
+    # mlx-lm's num_draft_tokens values to sweep per prompt (draft=model only); None: the budget's k alone.
+    # The report then shows each K and mlx-lm's best, chosen over the whole suite, not per prompt.
+    anchor_ks: Optional[List[int]] = None
     resume: bool = False  # skip (config hash, prompt id) pairs already in the results file
     results: Optional[str] = None  # results JSONL; None: <sweep or run dir>/bench.jsonl
 
@@ -212,9 +215,6 @@ register_rollbacks()
 
 
 # ---------------------------------------------------------------- drafters without a second model (layerskip, mtp) + head training
-
-from typing import List  # noqa: E402  (this section is appended; the header import is shared)
-
 
 @dataclass
 class LayerSkipDraftConfig(PluginConfig):

@@ -88,8 +88,9 @@ class Session:
         return pipeline.run(prompt_ids, max_tokens, control=control)
 
     def budget_label(self) -> str:
-        k = getattr(self.budget, "k", None)
-        return f"{self.budget.name}(k={k})" if k is not None else self.budget.name
+        """e.g. fixed(k=8), adaptive(k=4, k_max=16), confidence(k=16, p_min=0.6), auto(k_max=16)."""
+        params = [f"{a}={getattr(self.budget, a)}" for a in getattr(self.budget, "label_params", ())]
+        return f"{self.budget.name}({', '.join(params)})" if params else self.budget.name
 
 
 def check_supported(cfg: DictConfig) -> None:

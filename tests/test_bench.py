@@ -116,6 +116,20 @@ def test_sweep_to_report_end_to_end(tmp_path, suite_file):
         assert (sweep / png).stat().st_size > 1000 and f"({png})" in text
 
 
+def test_mlx_lm_num_draft_tokens_sweep(tmp_path, suite_file):
+    """anchor_ks runs mlx-lm once per K on the same prompt; the report picks mlx-lm's best K over the suite."""
+    results = tmp_path / "bench.jsonl"
+    cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "draft=model", "draft.model=self", "budget.k=3",
+                    "anchor_ks=[1,3]", f"results={results}")
+    records = run_bench(cfg, results, log=quiet)
+    for r in records:
+        sweep = r["anchor"]["sweep"]
+        assert set(sweep) == {"1", "3"} and r["anchor"]["spec"] is sweep["3"]
+        assert all(run["first_mismatch"] is None and run["num_draft_tokens"] == int(k) for k, run in sweep.items())
+    text = write_report(results).read_text()
+    assert "num_draft_tokens sweep" in text and "mlx-lm K=1" in text and "mlx-lm best" in text
+
+
 def test_resume_skips_done_pairs(tmp_path, suite_file):
     results = tmp_path / "bench.jsonl"
     cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "anchor=false", "resume=true", f"results={results}")

@@ -67,8 +67,8 @@ def auto_with(ratio, c, alpha):
 
 
 def test_auto_turns_speculation_off_when_it_cannot_pay():
-    assert auto_with(LINEAR, 0.3, 0.5).next_k() == 0  # verify costs K steps: never pays
-    assert auto_with(FLAT, 1.0, 0.3).next_k() == 0  # self-draft costs a full step per token
+    assert auto_with(LINEAR, 0.3, 0.5).best_k() == 0  # verify costs K steps: never pays
+    assert auto_with(FLAT, 1.0, 0.3).best_k() == 0  # self-draft costs a full step per token
 
 
 def test_auto_drafts_long_when_verify_is_cheap_and_acceptance_high():
@@ -84,6 +84,23 @@ def test_auto_learns_acceptance_and_probes_while_off():
     assert b.best_k() == 0
     ks = [b.next_k() for _ in range(b.probe_every)]
     assert ks[:-1] == [0] * (b.probe_every - 1) and ks[-1] == b.probe_k
+
+
+def test_auto_probes_on_its_first_step_even_when_the_prior_says_plain():
+    b = auto_with(FLAT, 0.5, 0.3)
+    assert b.best_k() == 0 and b.next_k() == b.probe_k  # learn alpha now, not after probe_every plain steps
+    for _ in range(3):
+        b.observe(b.probe_k, b.probe_k)
+    assert b.next_k() > 0
+
+
+def test_auto_follows_the_draft_cost_measured_in_the_run():
+    b = auto_with(FLAT, 0.6, 0.9)
+    short = b.best_k()
+    for _ in range(80):  # drafting 4 tokens takes 0.4 s while a verify of 5 takes 1.0 s: c ~ 0.1
+        b.observe(4, 4, draft_s=0.4, verify_s=1.0)
+    assert b.c == pytest.approx(0.1 * FLAT[5], rel=0.05)
+    assert b.best_k() > short
 
 
 def test_interpolated_curve():

@@ -49,6 +49,17 @@ def test_greedy_equals_target_alone(setup, kind, k):
     assert final.stop_reason == "max_tokens"
 
 
+@pytest.mark.parametrize("p_min", [0.3, 0.999])
+def test_mtp_confidence_stop_stays_lossless(setup, p_min):
+    """budget=confidence with a head: unsure chains stop early (even before the first token), output unchanged."""
+    target, prompt, baseline, head = setup
+    drafter = MtpDrafter(target=target, head=head)
+    drafter.p_min = p_min
+    got, final, _, _ = generate(target, drafter, 8, prompt, 48)
+    assert got == baseline, first_difference(target, prompt, baseline, got)
+    assert final.stats.drafted < 8 * final.stats.steps
+
+
 def test_layerskip_with_all_layers_accepts_everything(setup):
     """Every layer = the target itself: acceptance 1.0 (the self-draft invariant)."""
     target, prompt, baseline, _ = setup

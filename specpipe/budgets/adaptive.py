@@ -14,6 +14,7 @@ from specpipe.errors import SpecpipeError
 
 class AdaptiveBudget:
     name = "adaptive"
+    label_params = ("k", "k_max")  # what a report needs to tell two runs apart
 
     def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 16, **_runtime):
         if not 1 <= k_min <= k_max <= K_MAX:

@@ -6,7 +6,14 @@ measured verify cost T(K+1)/T(1), the drafter's cost c per drafted token,
 and the acceptance alpha estimated online. alpha is the maximum-likelihood
 per-token acceptance under a geometric model: accepted / (accepted +
 rejections), with exponential forgetting so it follows the text. While
-K = 0 is chosen, every `probe_every` steps a short draft keeps alpha fresh.
+K = 0 is chosen, every `probe_every` steps a short draft keeps alpha fresh;
+the very first step probes at once, so a prior that says "plain" costs no
+run its first steps.
+
+c starts from the calibration (a drafter timed alone) and then follows the
+run: each step's draft seconds per drafted token over the target step time
+implied by that step's verify (verify seconds / T(k+1)/T(1)). Alone, a draft
+model can time slower than inside the loop, and a too-high c under-drafts.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from specpipe.errors import SpecpipeError
 
 class AutoBudget:
     name = "auto"
+    label_params = ("k_max",)  # what a report needs to tell two runs apart
 
     def __init__(
         self, k_max: int = 16, probe_every: int = 8, probe_k: int = 2, forget: float = 0.9,
@@ -28,7 +36,7 @@ class AutoBudget:
             raise SpecpipeError(f"budget.forget={forget}: use a factor in (0, 1]")
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
         self._accepted, self._rejected = 2 * prior_alpha, 2 * (1 - prior_alpha)  # a weak prior: two tokens' worth
-        self._since_probe = 0
+        self._since_probe = probe_every - 1  # the first K = 0 decision probes at once
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         if target is not None:
@@ -50,15 +58,20 @@ class AutoBudget:
 
     def next_k(self) -> int:
         self.k = self.best_k()
-        if self.k == 0:
+        if self.k > 0:
+            self._since_probe = 0  # counts plain steps since the last draft
+        else:
             self._since_probe += 1
             if self._since_probe >= self.probe_every:
                 self._since_probe = 0
                 return self.probe_k
         return self.k
 
-    def observe(self, drafted: int, accepted: int, **_timings) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
         if drafted == 0:
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
         self._accepted = self.forget * self._accepted + accepted
         self._rejected = self.forget * self._rejected + (accepted < drafted)
+        if draft_s is not None and verify_s:
+            t1 = verify_s / self.ratio[min(drafted + 1, max(self.ratio))]  # this step's implied T(1)
+            self.c = self.forget * self.c + (1 - self.forget) * (draft_s / drafted) / t1

@@ -14,6 +14,7 @@ from specpipe.errors import SpecpipeError
 
 class ConfidenceBudget(FixedBudget):
     name = "confidence"
+    label_params = ("k", "p_min")  # what a report needs to tell two runs apart
 
     def __init__(self, k: int = 16, p_min: float = 0.6, **_runtime):
         super().__init__(k=k)

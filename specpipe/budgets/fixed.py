@@ -9,6 +9,7 @@ K_MAX = 32
 
 class FixedBudget:
     name = "fixed"
+    label_params = ("k",)  # what a report needs to tell two runs apart
 
     def __init__(self, k: int = 4, **_runtime):
         if not 1 <= k <= K_MAX:

@@ -47,6 +47,7 @@ class MtpDrafter:
         self.cached_len = 0
         self.forwards = 0  # head forwards
         self.target_recomputes = 0  # times the tape did not cover the context (should stay 0)
+        self.p_min = 0.0  # budget=confidence: stop chaining below this top probability
         self._head_cache = KVCache()
         self._seen: list[int] = []  # context tokens behind the pairs in the head cache
         self._pairs = 0  # pairs (h[i-1], t[i]) for i = 1.._pairs, with the target's h
@@ -67,7 +68,8 @@ class MtpDrafter:
         self._seen, self._pairs = list(context_ids), n - 1
 
         # Chain: each step feeds the head's own output as the next hidden state.
-        # Lazy graph, one evaluation at the end (no host round trip per token).
+        # Lazy graph, one evaluation at the end (no host round trip per token),
+        # except with a confidence floor: each token is checked on the host first.
         sampled = self.sampler is not None and not self.sampler.greedy
         drafted, q_rows = [], []
         for i in range(k):
@@ -77,12 +79,19 @@ class MtpDrafter:
                 y = self.sampler.sample(q)
                 q_rows.append(q)
             else:
+                q = None
                 y = mx.argmax(logits, axis=-1).astype(mx.uint32)
+            if self.p_min > 0 and mx.max(q if q is not None else mx.softmax(logits, axis=-1)).item() < self.p_min:
+                if sampled:
+                    q_rows.pop()
+                break  # unsure: a likely reject would only take a verify slot
             drafted.append(y)
             if i < k - 1:
                 x = self.head(x, self.inner.embed_tokens(y)[None], self._head_cache)
-        self.forwards += k
-        self.cached_len = n + k - 1  # context + k-1 chained drafts (for the RolledBack event)
+        self.forwards += max(len(drafted), 1)
+        self.cached_len = n + max(len(drafted), 1) - 1  # context + chained drafts (for the RolledBack event)
+        if not drafted:
+            return Draft(token_ids=[])
         draft_ids = mx.concatenate(drafted).tolist()
         return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None)
 
