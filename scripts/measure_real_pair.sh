@@ -9,7 +9,7 @@ OUT=${1:-outputs/measure-real-pair}
 mkdir -p "$OUT/calibration"
 COMMON=(model=qwen2.5-coder-1.5b suite=code limit=5 max_tokens=64)
 
-specpipe-bench "${COMMON[@]}" draft=model draft.model=qwen2.5-coder-0.5b budget=auto anchor_ks=[2,4,8,16] \
+specpipe-bench "${COMMON[@]}" draft=model draft.model=qwen2.5-coder-0.5b budget=auto anchor_ks=[4,8,16] \
   results="$OUT/bench.jsonl" hydra.run.dir="$OUT/model-auto"
 specpipe-bench "${COMMON[@]}" draft=ngram budget=auto anchor=false results="$OUT/bench.jsonl" hydra.run.dir="$OUT/ngram-auto"
 specpipe-bench "${COMMON[@]}" draft=ngram budget=fixed budget.k=16 anchor=false results="$OUT/bench.jsonl" \

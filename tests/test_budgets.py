@@ -101,6 +101,10 @@ def test_auto_follows_the_draft_cost_measured_in_the_run():
         b.observe(4, 4, draft_s=0.4, verify_s=1.0)
     assert b.c == pytest.approx(0.1 * FLAT[5], rel=0.05)
     assert b.best_k() > short
+    c = b.c
+    b.observe(0, 0)  # a plain step: the next draft starts with the drafter catching up on missed tokens
+    b.observe(2, 2, draft_s=5.0, verify_s=1.0)
+    assert b.c == c  # that catch-up is not the per-token draft cost
 
 
 def test_interpolated_curve():

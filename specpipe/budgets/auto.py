@@ -37,6 +37,7 @@ class AutoBudget:
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
         self._accepted, self._rejected = 2 * prior_alpha, 2 * (1 - prior_alpha)  # a weak prior: two tokens' worth
         self._since_probe = probe_every - 1  # the first K = 0 decision probes at once
+        self._drafted_before = False  # the previous step drafted (the drafter was up to date)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         if target is not None:
@@ -69,9 +70,13 @@ class AutoBudget:
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
         if drafted == 0:
+            self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
         self._accepted = self.forget * self._accepted + accepted
         self._rejected = self.forget * self._rejected + (accepted < drafted)
-        if draft_s is not None and verify_s:
+        # Only steps after a drafting step: after plain steps a model drafter first catches up on the
+        # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
+        if draft_s is not None and verify_s and self._drafted_before:
             t1 = verify_s / self.ratio[min(drafted + 1, max(self.ratio))]  # this step's implied T(1)
             self.c = self.forget * self.c + (1 - self.forget) * (draft_s / drafted) / t1
+        self._drafted_before = True
