@@ -49,6 +49,32 @@ def test_greedy_equals_target_alone(setup, kind, k):
     assert final.stop_reason == "max_tokens"
 
 
+def run_with(target, drafter, rollback: str, k: int, prompt, max_tokens: int) -> list[int]:
+    from specpipe.budgets.fixed import FixedBudget
+    from specpipe.pipeline import SpeculativePipeline
+    from specpipe.rollbacks.auto import AutoRollback
+    from specpipe.rollbacks.checkpoint import CheckpointRollback
+    from specpipe.rollbacks.recompute import RecomputeRollback
+    from specpipe.rollbacks.trim import TrimRollback
+    from specpipe.stages.bonus import GreedyBonus
+    from specpipe.stages.compare import GreedyComparator
+
+    strategy = {"trim": TrimRollback, "checkpoint": CheckpointRollback, "recompute": RecomputeRollback, "auto": AutoRollback}[rollback]
+    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), strategy(), GreedyBonus())
+    return list(pipe.run(prompt, max_tokens, stop_ids=set()))[-1].token_ids
+
+
+@pytest.mark.parametrize("rollback", ["checkpoint", "recompute", "auto"])
+@pytest.mark.parametrize("kind", ["layerskip", "mtp"])
+def test_every_rollback_strategy_keeps_greedy_output(setup, kind, rollback):
+    """Trim is covered above at every K; the other strategies at short, middle and the longest budget."""
+    target, prompt, baseline, head = setup
+    for k in (1, 8, 32):
+        drafter = LayerSkipDrafter(target=target, depth=1) if kind == "layerskip" else MtpDrafter(target=target, head=head)
+        got = run_with(target, drafter, rollback, k, prompt, 48)
+        assert got == baseline, f"K={k}: " + first_difference(target, prompt, baseline, got)
+
+
 @pytest.mark.parametrize("p_min", [0.3, 0.999])
 def test_mtp_confidence_stop_stays_lossless(setup, p_min):
     """budget=confidence with a head: unsure chains stop early (even before the first token), output unchanged."""
@@ -192,6 +218,21 @@ def test_qwen35_checkpoint_mtp_head_loads_and_is_lossless(tmp_path):
     baseline = run(make_drafter("none", target), 1)
     for k in (1, 4):
         assert run(MtpDrafter(target=target), k) == baseline
+
+
+@pytest.mark.parametrize("rollback", ["checkpoint", "recompute", "auto"])
+def test_hybrid_target_with_its_own_mtp_head_every_rollback(tmp_path, rollback):
+    """Qwen3.5 layout (Gated DeltaNet + attention): the checkpoint's head and layer skip, K = 1, 8, 32."""
+    from specpipe.engine.loader import load_engine
+
+    qwen35_checkpoint(tmp_path / "qwen35", with_mtp=True)
+    target = load_engine(path=str(tmp_path / "qwen35"), precision="float32")
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    baseline = run_with(target, make_drafter("none", target), "recompute", 1, prompt, 32)
+    for k in (1, 8, 32):
+        for drafter in (MtpDrafter(target=target), LayerSkipDrafter(target=target, depth=1)):
+            got = run_with(target, drafter, rollback, k, prompt, 32)
+            assert got == baseline, f"{drafter.name} K={k}: " + first_difference(target, prompt, baseline, got)
 
 
 def test_folder_without_mtp_weights_names_the_drafters_that_work(tmp_path):

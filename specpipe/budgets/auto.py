@@ -3,7 +3,9 @@ when no K is expected to beat it.
 
 Expected speed-up of K (calibrate.expected_speedup) uses the device's
 measured verify cost T(K+1)/T(1), the drafter's cost c per drafted token,
-and the acceptance alpha estimated online. alpha is the maximum-likelihood
+and the acceptance alpha estimated online (decided on optimistically: alpha
+plus one standard error, the bandit's rule for acting on little evidence).
+alpha is the maximum-likelihood
 per-token acceptance under a geometric model: accepted / (accepted +
 rejections), with exponential forgetting so it follows the text. While
 K = 0 is chosen, every `probe_every` steps a short draft keeps alpha fresh;
@@ -51,10 +53,22 @@ class AutoBudget:
     def alpha(self) -> float:
         return self._accepted / (self._accepted + self._rejected)
 
+    @property
+    def alpha_optimistic(self) -> float:
+        """alpha plus one standard error: little evidence (one failed probe) must not pin K at 0 for long.
+
+        With forgetting the evidence saturates near 1 / (1 - forget) steps' worth, so the bonus shrinks
+        to a few points once acceptance is known; where speculation cannot pay it still decides K = 0.
+        """
+        n = self._accepted + self._rejected
+        a = self.alpha
+        return min(1.0, a + (a * (1 - a) / n) ** 0.5)
+
     def best_k(self) -> int:
         from specpipe.calibrate import expected_speedup
 
-        scores = {k: expected_speedup(self.alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
+        alpha = self.alpha_optimistic
+        scores = {k: expected_speedup(alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
         return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
 
     def next_k(self) -> int:
