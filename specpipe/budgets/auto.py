@@ -3,8 +3,10 @@ when no K is expected to beat it.
 
 Expected speed-up of K (calibrate.expected_speedup) uses the device's
 measured verify cost T(K+1)/T(1), the drafter's cost c per drafted token,
-and the acceptance alpha estimated online (decided on optimistically: alpha
-plus one standard error, the bandit's rule for acting on little evidence).
+and the acceptance alpha estimated online. When alpha says "plain" but alpha
+plus one standard error says "draft" (thin evidence, e.g. one rejected
+probe), the step drafts a short probe instead: the bandit's rule for acting
+on little evidence, without betting a long draft on it.
 alpha is the maximum-likelihood
 per-token acceptance under a geometric model: accepted / (accepted +
 rejections), with exponential forgetting so it follows the text. While
@@ -67,9 +69,14 @@ class AutoBudget:
     def best_k(self) -> int:
         from specpipe.calibrate import expected_speedup
 
-        alpha = self.alpha_optimistic
-        scores = {k: expected_speedup(alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
-        return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
+        def best(alpha: float) -> int:
+            scores = {k: expected_speedup(alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
+            return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
+
+        k = best(self.alpha)
+        if k == 0 and best(self.alpha_optimistic) > 0:
+            return self.probe_k  # optimism buys a short probe, never a long draft on thin evidence
+        return k
 
     def next_k(self) -> int:
         self.k = self.best_k()
