@@ -7,12 +7,12 @@ and the acceptance alpha estimated online. When alpha says "plain" but alpha
 plus one standard error says "draft" (thin evidence, e.g. one rejected
 probe), the step drafts a short probe instead: the bandit's rule for acting
 on little evidence, without betting a long draft on it.
-alpha is the maximum-likelihood
-per-token acceptance under a geometric model: accepted / (accepted +
-rejections), with exponential forgetting so it follows the text. While
-K = 0 is chosen, every `probe_every` steps a short draft keeps alpha fresh;
-the very first step probes at once, so a prior that says "plain" costs no
-run its first steps.
+
+alpha is the maximum-likelihood per-token acceptance under a geometric
+model: accepted / (accepted + rejections), with exponential forgetting so it
+follows the text. While K = 0 is chosen, every `probe_every` steps a short
+draft keeps alpha fresh; the very first K = 0 decision probes at once, so a
+prior that says "plain" does not cost a run its first steps.
 
 c starts from the calibration (a drafter timed alone) and then follows the
 run: each step's draft seconds per drafted token over the target step time
