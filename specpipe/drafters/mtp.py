@@ -100,11 +100,11 @@ class MtpDrafter:
 
         Pair i uses tokens 0..i, so it survives while those equal the context.
         """
-        same = 0
-        for a, b in zip(self._seen, context_ids):
-            if a != b:
-                break
-            same += 1
+        seen = self._seen
+        if context_ids[: len(seen)] == seen:  # the usual step: the context only grew (one C-level compare)
+            same = len(seen)
+        else:  # a rewind or a new generation: find where they part
+            same = next((i for i, (a, b) in enumerate(zip(seen, context_ids)) if a != b), min(len(seen), len(context_ids)))
         # at least one pair is fed each step: its output is the first draft
         self._pairs = min(self._pairs, max(same - 1, 0), len(context_ids) - 2)
         drop = self._head_cache.offset - self._pairs
