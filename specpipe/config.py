@@ -234,6 +234,7 @@ class TrainDrafterConfig:
     corpus: Optional[str] = None  # folder or text file; None: Python's stdlib + installed packages
     out: Optional[str] = None  # head folder; None: next to the model (where draft=mtp looks)
     sequences: int = 256  # corpus size in seq_len-token sequences (target hidden states are precomputed once)
+    answers: float = 0.0  # share of sequences that are the target's own chat answers to tasks cut from the corpus
     steps: int = 600
     batch: int = 4
     seq_len: int = 128

@@ -71,6 +71,24 @@ def sequences(target, files: list[Path], seq_len: int):
             buf = buf[seq_len:]
 
 
+def training_stream(target, files: list[Path], cfg):
+    """The sequences to train on: corpus cuts, plus (cfg.answers > 0) the target's own chat answers, mixed in a seeded order
+    so the held-out tail has both kinds."""
+    if not 0.0 <= cfg.answers <= 1.0:
+        raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
+    n_answers = round(cfg.sequences * cfg.answers)
+    if not n_answers:
+        return sequences(target, files, cfg.seq_len)
+    from specpipe.train_answers import answer_sequences
+
+    log = lambda done: print(f"target answers: {done}/{n_answers} sequences", file=sys.stderr)  # noqa: E731
+    # answers from the second half of the file order, so the two kinds come from different files
+    mixed = answer_sequences(target, files[len(files) // 2 :], n_answers, cfg.seq_len, cfg.seed, log=log)
+    mixed += [s for s, _ in zip(sequences(target, files, cfg.seq_len), range(cfg.sequences - len(mixed)))]
+    random.Random(cfg.seed).shuffle(mixed)
+    return iter(mixed)
+
+
 def precompute(inner, lm_head, stream, n_seqs: int, chunk: int, path: Path, log) -> dict:
     """Frozen target passes over n_seqs sequences, `chunk` at a time, cached in `path`.
 
@@ -174,9 +192,11 @@ def train(cfg) -> Path:
         print(f"resuming at step {step} from {state_dir}", file=sys.stderr)
 
     loss_and_grad = nn.value_and_grad(head, make_loss(inner, lm_head, cfg.unroll, cfg.ce_weight))
-    stream = sequences(target, corpus_files(cfg.corpus, cfg.seed, cfg.max_files), cfg.seq_len)
+    files = corpus_files(cfg.corpus, cfg.seed, cfg.max_files)
+    cached = state_dir / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}{f'-answers{cfg.answers:g}' if cfg.answers else ''}.safetensors"
+    stream = iter(()) if cached.exists() else training_stream(target, files, cfg)
     log = lambda done: print(f"target hidden states: {done}/{cfg.sequences} sequences", file=sys.stderr)  # noqa: E731
-    data = precompute(inner, lm_head, stream, cfg.sequences, cfg.chunk, state_dir / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}.safetensors", log)
+    data = precompute(inner, lm_head, stream, cfg.sequences, cfg.chunk, cached, log)
     n = data["tokens"].shape[0]
     held = list(range(n - n // 16, n)) if n >= 32 else []  # the last 1/16 never trained on: an honest agreement figure
     n -= len(held)

@@ -288,3 +288,30 @@ def test_train_drafter_writes_a_loadable_head_and_resumes(tmp_path):
     prompt = target.encode_prompt(PROMPT, chat=False)
     baseline, _, _, _ = generate(target, make_drafter("none", target), 1, prompt, 20)
     assert generate(target, drafter, 4, prompt, 20)[0] == baseline
+
+
+def test_train_drafter_mixes_in_the_targets_own_answers(tmp_path):
+    """answers=0.5: half the sequences are chat prompt tails + the target's greedy answer, and a head trains on them."""
+    from specpipe.train_answers import answer_sequences, task_prompts
+    from specpipe.train_drafter import train
+
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("".join(f"def add_{i}(a, b):\n    total = a + b\n    return total * {i}\n\n" for i in range(40)))
+    target = tiny("llama")
+    prompts = list(zip(task_prompts([corpus], seed=0), range(3)))
+    assert len({p for p, _ in prompts}) == 3  # a one-file corpus still gives distinct tasks
+    seqs = answer_sequences(target, [corpus], n=3, seq_len=48, seed=0, batch=2)
+    assert len(seqs) == 3 and all(len(s) == 48 for s in seqs)
+    header = target.encode_prompt("x", chat=True)[-3:]  # the assistant turn's opening tokens
+    assert all(any(s[i : i + 3] == header for i in range(len(s) - 2)) for s in seqs)  # each holds its prompt's end
+
+    overrides = ["model=tiny-random", f"corpus={corpus}", f"out={tmp_path / 'head'}", "sequences=4", "answers=0.5",
+                 "batch=2", "seq_len=48", "chunk=2", "steps=2", "warmup=1", "hydra.run.dir=."]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="train_drafter", overrides=overrides)
+        bad = compose(config_name="train_drafter", overrides=overrides + ["answers=1.5", f"out={tmp_path / 'bad'}"])
+    train(cfg)
+    assert (tmp_path / "head" / "train_state" / "corpus-0-4x48-answers0.5.safetensors").exists()
+    assert json.loads((tmp_path / "head" / "mtp_head.json").read_text())["train"]["answers"] == 0.5
+    with pytest.raises(SpecpipeError, match="answers=1.5"):
+        train(bad)
