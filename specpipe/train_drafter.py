@@ -73,12 +73,11 @@ def sequences(target, files: list[Path], seq_len: int):
 
 def training_stream(target, files: list[Path], cfg):
     """The sequences to train on: corpus cuts, plus (cfg.answers > 0) the target's own chat answers, mixed in a seeded order
-    so the held-out tail has both kinds."""
-    if not 0.0 <= cfg.answers <= 1.0:
-        raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
+    so the held-out tail has both kinds. A generator: nothing is generated when precompute finds its cache."""
     n_answers = round(cfg.sequences * cfg.answers)
     if not n_answers:
-        return sequences(target, files, cfg.seq_len)
+        yield from sequences(target, files, cfg.seq_len)
+        return
     from specpipe.train_answers import answer_sequences
 
     log = lambda done: print(f"target answers: {done}/{n_answers} sequences", file=sys.stderr)  # noqa: E731
@@ -86,7 +85,7 @@ def training_stream(target, files: list[Path], cfg):
     mixed = answer_sequences(target, files[len(files) // 2 :], n_answers, cfg.seq_len, cfg.seed, log=log)
     mixed += [s for s, _ in zip(sequences(target, files, cfg.seq_len), range(cfg.sequences - len(mixed)))]
     random.Random(cfg.seed).shuffle(mixed)
-    return iter(mixed)
+    yield from mixed
 
 
 def precompute(inner, lm_head, stream, n_seqs: int, chunk: int, path: Path, log) -> dict:
@@ -169,6 +168,8 @@ def held_out_agreement(head, inner, lm_head, data: dict, rows: list[int], steps:
 
 def train(cfg) -> Path:
     """Train per `cfg` (conf/train_drafter.yaml); returns the head folder."""
+    if not 0.0 <= cfg.answers <= 1.0:
+        raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
     from omegaconf import OmegaConf
 
     from specpipe.engine.loader import load_engine
@@ -194,9 +195,8 @@ def train(cfg) -> Path:
     loss_and_grad = nn.value_and_grad(head, make_loss(inner, lm_head, cfg.unroll, cfg.ce_weight))
     files = corpus_files(cfg.corpus, cfg.seed, cfg.max_files)
     cached = state_dir / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}{f'-answers{cfg.answers:g}' if cfg.answers else ''}.safetensors"
-    stream = iter(()) if cached.exists() else training_stream(target, files, cfg)
     log = lambda done: print(f"target hidden states: {done}/{cfg.sequences} sequences", file=sys.stderr)  # noqa: E731
-    data = precompute(inner, lm_head, stream, cfg.sequences, cfg.chunk, cached, log)
+    data = precompute(inner, lm_head, training_stream(target, files, cfg), cfg.sequences, cfg.chunk, cached, log)
     n = data["tokens"].shape[0]
     held = list(range(n - n // 16, n)) if n >= 32 else []  # the last 1/16 never trained on: an honest agreement figure
     n -= len(held)
