@@ -10,6 +10,7 @@ at several acceptance rates and saves a PNG plot.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
@@ -23,11 +24,20 @@ QUICK_POINTS = [1, 2, 3, 5, 9, 17, 33]
 CONTEXT = 128  # cache length the timings are taken at: a typical mid-answer position
 
 
+def weight_bytes(*modules) -> int:
+    """Bytes of the parameters of `modules` (what one decode step reads through them)."""
+    from mlx.utils import tree_flatten
+
+    return sum(a.nbytes for m in modules for _, a in tree_flatten(m.parameters()))
+
+
 def calibration_key(engine) -> str:
     from specpipe.runner import device
 
     dev = device()
-    parts = [engine.info.sha256[:16], engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
+    # the name too: a layer-skip view shares the target's file hash but not its cost
+    name = hashlib.sha256(engine.info.name.encode()).hexdigest()[:8]
+    parts = [engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
     return "-".join(p.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_").replace("/", "_") for p in parts)
 
 
@@ -95,12 +105,18 @@ def expected_speedup(alpha: float, k: int, c: float, ratio: dict[int, float]) ->
 
 
 def draft_cost(drafter, target, quick: bool = True) -> float:
-    """c: one draft forward relative to one target forward (0 for model-free drafters)."""
+    """c: one drafted token's cost relative to one target forward (0 for model-free drafters).
+
+    A drafter that runs part of the target (an MTP head, a layer subset) says
+    so with `cost_per_token`: decoding one token is bound by the weight bytes
+    it reads, so its share of the target's bytes is its share of a step.
+    """
+    hint = getattr(drafter, "cost_per_token", None)
+    if hint is not None:
+        return float(hint)
     engine = getattr(drafter, "engine", None)
     if engine is None:
         return 0.0
-    if engine is target and getattr(drafter, "layer_fraction", None) is None:
-        return 1.0
     if engine is target:
-        return float(drafter.layer_fraction)
+        return 1.0  # draft.model=self: a full target forward per drafted token
     return verify_cost_curve(engine, quick)["t1_s"] / verify_cost_curve(target, quick)["t1_s"]

@@ -76,7 +76,8 @@ class ConfidenceBudgetConfig(PluginConfig):
 @dataclass
 class AutoBudgetConfig(PluginConfig):
     k_max: int = 16
-    probe_every: int = 8  # while plain decoding wins, re-check acceptance this often
+    probe_every: int = 8  # while plain decoding wins, re-check acceptance after this many steps
+    probe_max: int = 64  # each probe that leaves K at 0 doubles the wait, up to this
     probe_k: int = 2
     forget: float = 0.9  # acceptance memory per step
     prior_alpha: float = 0.5

@@ -89,6 +89,39 @@ def test_auto_learns_acceptance_and_probes_while_off():
     assert ks[:-1] == [0] * (b.probe_every - 1) and ks[-1] == b.probe_k
 
 
+def probe_gaps(b, steps: int, accept: int = 0) -> list[int]:
+    """Plain steps between probes while every probe accepts `accept` tokens."""
+    gaps, since = [], 0
+    for _ in range(steps):
+        k = b.next_k()
+        since += 1
+        if k:
+            gaps.append(since)
+            since = 0
+        b.observe(k, min(accept, k))
+    return gaps
+
+
+def test_auto_backs_off_probing_text_the_drafter_cannot_predict():
+    b = auto_with(FLAT, 0.2, 0.9)
+    assert b.next_k() > 0  # drafting, until the text turns unpredictable
+    for _ in range(30):
+        b.observe(4, 0)
+    assert probe_gaps(b, 8 + 16 + 32 + 64 + 64 + 64) == [8, 16, 32, 64, 64, 64]  # capped at probe_max
+    # when a probe shows drafting pays again, K comes back and the next lull probes promptly
+    for _ in range(30):
+        b.observe(b.probe_k, b.probe_k)
+    assert b.next_k() > 0
+    for _ in range(30):
+        b.observe(4, 0)
+    assert probe_gaps(b, 8 + 16) == [8, 16]
+
+
+def test_auto_probe_bounds():
+    with pytest.raises(SpecpipeError, match="probe_every"):
+        AutoBudget(probe_every=16, probe_max=8)
+
+
 def test_auto_probes_on_its_first_step_even_when_the_prior_says_plain():
     b = auto_with(FLAT, 1.0, 0.3)  # drafting costs a full step: plain wins even on the optimistic estimate
     assert b.best_k() == 0 and b.next_k() == b.probe_k  # learn alpha now, not after probe_every plain steps

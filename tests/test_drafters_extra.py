@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 import specpipe.config  # noqa: F401  (registers the schemas)
 from conftest import CONF_DIR, first_difference, generate, make_drafter, tiny
+from specpipe.calibrate import draft_cost
 from specpipe.drafters.layerskip import LayerSkipDrafter, llama_parts
 from specpipe.drafters.mtp import MtpDrafter
 from specpipe.drafters.mtp_head import new_head, save_head
@@ -91,6 +92,16 @@ def test_layerskip_with_all_layers_accepts_everything(setup):
     target, prompt, baseline, _ = setup
     got, final, _, _ = generate(target, LayerSkipDrafter(target=target, layers=[0, 1]), 4, prompt, 25)
     assert got == baseline[:25] and final.stats.acceptance_rate == 1.0
+
+
+def test_budget_auto_prices_partial_target_drafters_by_the_bytes_they_read(setup):
+    """c for auto's cost model: a layer subset or an MTP head reads part of the target's weights, never 0 or 1."""
+    target, _, _, head = setup
+    one, two = (LayerSkipDrafter(target=target, layers=ids) for ids in ([0], [0, 1]))
+    mtp = MtpDrafter(target=target, head=head)
+    cost = {name: draft_cost(d, target) for name, d in [("one", one), ("two", two), ("mtp", mtp)]}
+    assert 0 < cost["one"] < cost["two"] <= 1.0 + 1e-6  # [0, 1] is the whole (2-layer) tiny target
+    assert 0 < cost["mtp"] < 1.0
 
 
 def test_mtp_drafts_equal_a_full_recompute(setup):

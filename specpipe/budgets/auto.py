@@ -10,9 +10,11 @@ on little evidence, without betting a long draft on it.
 
 alpha is the maximum-likelihood per-token acceptance under a geometric
 model: accepted / (accepted + rejections), with exponential forgetting so it
-follows the text. While K = 0 is chosen, every `probe_every` steps a short
-draft keeps alpha fresh; the very first K = 0 decision probes at once, so a
-prior that says "plain" does not cost a run its first steps.
+follows the text. While K = 0 is chosen, a short draft every `probe_every`
+steps keeps alpha fresh; each probe that leaves K at 0 doubles the wait (up
+to `probe_max`), so text the drafter cannot predict costs a few probes, not
+one every 8 steps. The very first K = 0 decision probes at once, so a prior
+that says "plain" does not cost a run its first steps.
 
 c starts from the calibration (a drafter timed alone) and then follows the
 run: each step's draft seconds per drafted token over the target step time
@@ -32,15 +34,19 @@ class AutoBudget:
 
     def __init__(
         self, k_max: int = 16, probe_every: int = 8, probe_k: int = 2, forget: float = 0.9,
-        prior_alpha: float = 0.5, quick: bool = True, target=None, drafter=None, **_runtime,
+        prior_alpha: float = 0.5, quick: bool = True, probe_max: int = 64, target=None, drafter=None, **_runtime,
     ):
         if not 1 <= k_max <= K_MAX:
             raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
         if not 0.0 < forget <= 1.0:
             raise SpecpipeError(f"budget.forget={forget}: use a factor in (0, 1]")
+        if not 1 <= probe_every <= probe_max:
+            raise SpecpipeError(f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max")
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
+        self.probe_max = probe_max
+        self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
         self._accepted, self._rejected = 2 * prior_alpha, 2 * (1 - prior_alpha)  # a weak prior: two tokens' worth
-        self._since_probe = probe_every - 1  # the first K = 0 decision probes at once
+        self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
@@ -82,10 +88,14 @@ class AutoBudget:
         self.k = self.best_k()
         if self.k > 0:
             self._since_probe = 0  # counts plain steps since the last draft
+            self._probe_wait = self.probe_every  # drafting pays: once it stops, probe after probe_every
         else:
             self._since_probe += 1
-            if self._since_probe >= self.probe_every:
+            if self._since_probe >= self._probe_wait:
                 self._since_probe = 0
+                # this probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long
+                w = self._probe_wait
+                self._probe_wait = self.probe_every if w < self.probe_every else min(2 * w, self.probe_max)
                 return self.probe_k
         return self.k
 

@@ -16,11 +16,18 @@ import mlx.nn as nn
 import msgspec
 from mlx_lm.models.base import create_attention_mask
 
+from specpipe.calibrate import weight_bytes
 from specpipe.drafters.model import ModelDrafter
 from specpipe.engine.engine import Engine
 from specpipe.errors import SpecpipeError
 
 WORKS_ON = "llama, qwen2, qwen3, mistral and other llama-like mlx-lm models"
+
+
+def lm_head_weights(model: nn.Module, inner: nn.Module) -> nn.Module:
+    """The module whose weights the LM head reads: `lm_head`, or the tied embedding."""
+    model = model.language_model if "language_model" in model else model
+    return model.lm_head if "lm_head" in model else inner.embed_tokens
 
 
 def llama_parts(model: nn.Module, drafter: str) -> tuple[nn.Module, object]:
@@ -107,4 +114,6 @@ class LayerSkipDrafter(ModelDrafter):
         info = msgspec.structs.replace(target.info, name=f"{target.info.name}[layers {label}]", source="layerskip")
         # Everything else (cache, propose, sampling) is ModelDrafter's, on this view.
         engine = Engine(model, target.tokenizer, info)
+        kept = [inner.layers[i] for i in self.layer_ids]
+        self.cost_per_token = weight_bytes(*kept, inner.norm, lm_head_weights(target.model, inner)) / weight_bytes(target.model)
         super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler)

@@ -23,7 +23,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from specpipe.drafters.hidden_tape import attach
-from specpipe.drafters.layerskip import llama_parts
+from specpipe.calibrate import weight_bytes
+from specpipe.drafters.layerskip import lm_head_weights, llama_parts
 from specpipe.drafters.mtp_head import load_head
 from specpipe.stages.draft import Draft
 
@@ -44,6 +45,9 @@ class MtpDrafter:
         self.inner, self.lm_head = llama_parts(target.model, "mtp")
         self.head, self.source = load_head(target, self.inner, head)
         self.tape = attach(self.inner)
+        # budget=auto's prior for c: a chained step reads the head and the whole LM head (a 49k-row
+        # vocabulary is ~1/5 of SmolLM2's bytes), nothing else of the target
+        self.cost_per_token = weight_bytes(self.head, lm_head_weights(target.model, self.inner)) / weight_bytes(target.model)
         self.cached_len = 0
         self.forwards = 0  # head forwards
         self.target_recomputes = 0  # times the tape did not cover the context (should stay 0)
