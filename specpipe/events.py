@@ -55,12 +55,19 @@ class PrefillDone(Base, kw_only=True):
 
 
 class Drafted(Base, kw_only=True):
-    """A drafter proposed `draft_ids` for this step (may be fewer than k)."""
+    """A drafter proposed `draft_ids` for this step (may be fewer than k).
+
+    With K = 0, budget=auto may instead look back: `hindsight_ids` is what the
+    drafter would have proposed for the step's last emitted tokens, of which
+    the first `hindsight_matched` equal what the target chose (no verify).
+    """
 
     step: int
     k: int
     draft_ids: list[int]
     seconds: float
+    hindsight_ids: list[int] = []
+    hindsight_matched: int = 0
 
 
 class Verified(Base, kw_only=True):
@@ -132,6 +139,8 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     rollback_peak_bytes: int = 0  # memory held for recurrent-state snapshots
     rollback_time_s: float = 0.0  # time spent rolling back (restores, recomputes)
     recompute_tokens: int = 0  # tokens re-run through a model by rollback=recompute
+    hindsight_checked: int = 0  # tokens budget=auto checked in hindsight while K = 0 (no verify)
+    hindsight_matched: int = 0
 
 
 class RunFinished(Base, kw_only=True):

@@ -35,6 +35,8 @@ class StatsCollector:
         self.drafted = 0
         self.accepted = 0
         self.draft_forwards = 0
+        self.hindsight_checked = 0
+        self.hindsight_matched = 0
         self._position_drafted: list[int] = []
         self._position_accepted: list[int] = []
         self._overlap: list[float] = []
@@ -55,6 +57,8 @@ class StatsCollector:
             self._last_emit_t = event.t
         elif isinstance(event, Drafted):
             self.drafted += len(event.draft_ids)
+            self.hindsight_checked += len(event.hindsight_ids)
+            self.hindsight_matched += event.hindsight_matched
         elif isinstance(event, Verified):
             self.steps += 1
             n, k = len(event.accepted_ids), len(event.accepted_ids) + len(event.rejected_ids)
@@ -102,6 +106,8 @@ class StatsCollector:
             latency_ms=percentiles_ms(self._gaps),
             peak_memory_bytes=peak_memory_bytes,
             peak_rss_bytes=peak_rss_bytes(),
+            hindsight_checked=self.hindsight_checked,
+            hindsight_matched=self.hindsight_matched,
         )
 
 

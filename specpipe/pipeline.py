@@ -98,8 +98,12 @@ class SpeculativePipeline:
                 draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
                 draft.token_ids = draft.token_ids[: max(k, 0)]
                 k_eff = len(draft.token_ids)
+                looked_back, matched = self._hindsight(k, len(output), context) if control.k is None else ([], 0)
                 draft_s = time.perf_counter() - s
-                yield emit(Drafted(t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s))
+                yield emit(Drafted(
+                    t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s,
+                    hindsight_ids=looked_back, hindsight_matched=matched,
+                ))
 
                 # ---- verify + compare + bonus
                 s = time.perf_counter()
@@ -153,6 +157,17 @@ class SpeculativePipeline:
         except KeyboardInterrupt:
             reason = "interrupted"
         yield emit(finish(reason))
+
+    def _hindsight(self, k: int, generated: int, context: list[int]) -> tuple[list[int], int]:
+        """On a K = 0 step the budget may ask what the drafter would have said for the last
+        tokens the target emitted (never the prompt's): evidence without a verify forward."""
+        m = min(getattr(self.budget, "hindsight_k", 0), generated) if k <= 0 else 0
+        if m <= 0 or not hasattr(self.drafter, "hindsight"):
+            return [], 0
+        guess = self.drafter.hindsight(context, m)[:m]
+        matched = next((i for i, (a, b) in enumerate(zip(guess, context[-m:])) if a != b), len(guess))
+        self.budget.observe_hindsight(len(guess), matched)
+        return guess, matched
 
 
 @dataclass

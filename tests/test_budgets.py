@@ -146,6 +146,48 @@ def test_auto_follows_the_draft_cost_measured_in_the_run():
     assert b.c == c  # that catch-up is not the per-token draft cost
 
 
+class LooksBack:
+    """Stands in for a drafter that can guess tokens already emitted (n-gram, MTP)."""
+
+    def hindsight(self, context_ids, m):
+        return []
+
+
+def test_auto_probes_in_hindsight_instead_of_spending_a_verify():
+    b = AutoBudget(k_max=32, prior_alpha=0.9, drafter=LooksBack())
+    b.ratio, b.c = FLAT, 0.0  # a free drafter (n-gram): look back on every plain step
+    assert b.next_k() > 0
+    for _ in range(30):
+        b.observe(4, 0)
+    for _ in range(5):
+        assert b.next_k() == 0 and b.hindsight_k == b.probe_k  # never a verify probe
+        b.observe(0, 0)
+        b.observe_hindsight(b.probe_k, 0)
+    for _ in range(10):  # the text turns predictable: the look backs bring drafting back
+        b.next_k()
+        b.observe(0, 0)
+        b.observe_hindsight(b.probe_k, b.probe_k)
+    assert b.next_k() > 0 and b.hindsight_k == 0
+
+
+def test_auto_looks_back_one_token_on_the_probe_schedule_when_each_costs_an_lm_head():
+    b = AutoBudget(k_max=32, prior_alpha=0.9, drafter=LooksBack())
+    b.ratio, b.c = FLAT, 0.2  # an MTP head: each guessed token runs the LM head
+    assert b.next_k() > 0
+    for _ in range(30):
+        b.observe(4, 0)
+    gaps, since = [], 0
+    for _ in range(8 + 16 + 32):
+        assert b.next_k() == 0
+        since += 1
+        if b.hindsight_k:
+            assert b.hindsight_k == 1
+            gaps.append(since)
+            since = 0
+            b.observe_hindsight(1, 0)
+    assert gaps == [8, 16, 32]
+
+
 def test_interpolated_curve():
     curve = interpolate({1: 0.1, 3: 0.2, 33: 0.5})
     assert curve[1] == 1.0 and curve[2] == pytest.approx(1.5) and curve[33] == pytest.approx(5.0)

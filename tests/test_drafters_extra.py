@@ -12,7 +12,12 @@ from mlx.utils import tree_flatten
 
 import specpipe.config  # noqa: F401  (registers the schemas)
 from conftest import CONF_DIR, first_difference, generate, make_drafter, tiny
+from specpipe.budgets.auto import AutoBudget
 from specpipe.calibrate import draft_cost
+from specpipe.pipeline import SpeculativePipeline
+from specpipe.rollbacks.trim import TrimRollback
+from specpipe.stages.bonus import GreedyBonus
+from specpipe.stages.compare import GreedyComparator
 from specpipe.drafters.layerskip import LayerSkipDrafter, llama_parts
 from specpipe.drafters.mtp import MtpDrafter
 from specpipe.drafters.mtp_head import new_head, save_head
@@ -127,6 +132,38 @@ def test_mtp_drafts_equal_a_full_recompute(setup):
         if type(e).__name__ == "Emitted":
             context.extend(e.token_ids)
     assert drafter.target_recomputes == 0  # the tape always held the context
+
+
+def test_mtp_hindsight_equals_the_proposal_it_would_have_made_earlier(setup):
+    """A look back reads only the tape, gives a fresh head's greedy draft, and leaves the drafter exact."""
+    target, prompt, baseline, head = setup
+    drafter = MtpDrafter(target=target, head=head)
+    _, _, _, pipe = generate(target, drafter, 4, prompt, 12)
+    context = pipe.context
+    forwards_before = drafter.target_recomputes
+    guess = drafter.hindsight(context, 3)
+    fresh = MtpDrafter(target=target, head=head)
+    fresh.prefill(prompt)
+    assert guess == fresh.propose(context[:-3], 3).token_ids and len(guess) == 3
+    assert drafter.target_recomputes == forwards_before == 0
+    assert drafter.propose(context, 4).token_ids == MtpDrafter(target=target, head=head).propose(context, 4).token_ids
+
+
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+def test_auto_with_hindsight_probes_keeps_greedy_output(setup, kind):
+    """Verify cost T(n) = n (auto's uncalibrated prior): K stays 0 and every probe is a look back."""
+    target, prompt, baseline, head = setup
+    drafter = MtpDrafter(target=target, head=head) if kind == "mtp" else make_drafter("ngram", target)
+    budget = AutoBudget(drafter=drafter)
+    budget.c = draft_cost(drafter, target)
+    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), TrimRollback(), GreedyBonus())
+    events = list(pipe.run(prompt, 48, stop_ids=set()))
+    final = events[-1]
+    assert final.token_ids == baseline, first_difference(target, prompt, baseline, final.token_ids)
+    drafted = [e for e in events if type(e).__name__ == "Drafted"]
+    looked = [e for e in drafted if e.hindsight_ids]
+    assert all(e.k == 0 and not e.draft_ids for e in drafted) and len(looked) >= (2 if kind == "mtp" else 8)
+    assert final.stats.hindsight_checked == sum(len(e.hindsight_ids) for e in looked) and final.stats.drafted == 0
 
 
 def test_mtp_survives_the_target_being_used_in_between(setup):

@@ -101,6 +101,17 @@ def test_ngram_context_grows_incrementally():
     assert d.propose([1, 2, 3, 1, 2], 2).token_ids == [3, 1]
 
 
+def test_ngram_hindsight_is_the_proposal_it_would_have_made_earlier():
+    d = NgramDrafter(min_n=1, max_n=2)
+    ctx = [7, 1, 2, 3, 9, 1, 2, 3]
+    d.prefill(ctx[:2])
+    earlier = NgramDrafter(min_n=1, max_n=2)
+    earlier.prefill(ctx[:-2])
+    # before the last [2, 3] the context ended in [9, 1]; [1] was followed by [2, 3] at index 1
+    assert d.hindsight(ctx, 2) == earlier.propose(ctx[:-2], 2).token_ids == [2, 3]
+    assert d.propose(ctx, 2).token_ids == [9, 1]  # the look back changed nothing
+
+
 def test_ngram_bad_sizes():
     with pytest.raises(SpecpipeError, match="min_n"):
         NgramDrafter(min_n=3, max_n=2)

@@ -16,6 +16,11 @@ to `probe_max`), so text the drafter cannot predict costs a few probes, not
 one every 8 steps. The very first K = 0 decision probes at once, so a prior
 that says "plain" does not cost a run its first steps.
 
+Drafters that can guess tokens the target already emitted without a target
+forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
+verify slot is spent, so a free drafter (n-gram) is checked on every plain
+step and a head on the same schedule, one token (one LM head) at a time.
+
 c starts from the calibration (a drafter timed alone) and then follows the
 run: each step's draft seconds per drafted token over the target step time
 implied by that step's verify (verify seconds / T(k+1)/T(1)). Alone, a draft
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
+
+FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
 
 
 class AutoBudget:
@@ -55,6 +62,9 @@ class AutoBudget:
 
             self.ratio = verify_cost_curve(target, quick)["ratio"]
             self.c = draft_cost(drafter, target, quick)
+        # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
+        self.hindsight = hasattr(drafter, "hindsight")
+        self.hindsight_k = 0
         self.k = self.best_k()
 
     @property
@@ -72,32 +82,56 @@ class AutoBudget:
         a = self.alpha
         return min(1.0, a + (a * (1 - a) / n) ** 0.5)
 
-    def best_k(self) -> int:
+    def _best(self, alpha: float) -> int:
         from specpipe.calibrate import expected_speedup
 
-        def best(alpha: float) -> int:
-            scores = {k: expected_speedup(alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
-            return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
+        scores = {k: expected_speedup(alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
+        return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
 
-        k = best(self.alpha)
-        if k == 0 and best(self.alpha_optimistic) > 0:
+    def best_k(self) -> int:
+        """K by the cost model; probe_k when only the optimistic alpha says drafting pays."""
+        k = self._best(self.alpha)
+        if k == 0 and self._best(self.alpha_optimistic) > 0:
             return self.probe_k  # optimism buys a short probe, never a long draft on thin evidence
         return k
 
     def next_k(self) -> int:
-        self.k = self.best_k()
+        """K for this step. With K = 0, `hindsight_k` > 0 asks the pipeline to look back instead."""
+        self.hindsight_k = 0
+        self.k = self._best(self.alpha)
         if self.k > 0:
-            self._since_probe = 0  # counts plain steps since the last draft
+            self._since_probe = 0  # counts plain steps since the last draft or probe
             self._probe_wait = self.probe_every  # drafting pays: once it stops, probe after probe_every
-        else:
-            self._since_probe += 1
-            if self._since_probe >= self._probe_wait:
-                self._since_probe = 0
-                # this probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long
-                w = self._probe_wait
-                self._probe_wait = self.probe_every if w < self.probe_every else min(2 * w, self.probe_max)
-                return self.probe_k
+            return self.k
+        thin = self._best(self.alpha_optimistic) > 0
+        self._since_probe += 1
+        if self.hindsight:
+            # A look back costs no verify: take one on thin evidence, every step when drafting is
+            # free (n-gram), else on the probe schedule; one token only when each costs an LM head.
+            if thin or self.c * self.probe_k < FREE or self._since_probe >= self._probe_wait:
+                self.hindsight_k = self.probe_k if self.c * self.probe_k < FREE else 1
+            return 0
+        if thin:  # optimism buys a short probe, never a long draft on thin evidence
+            self._since_probe, self._probe_wait = 0, self.probe_every
+            self.k = self.probe_k
+        elif self._since_probe >= self._probe_wait:
+            self._advance_probe_schedule()
+            self.k = self.probe_k
         return self.k
+
+    def _advance_probe_schedule(self) -> None:
+        """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
+        w = self._probe_wait
+        self._since_probe = 0
+        self._probe_wait = self.probe_every if w < self.probe_every else min(2 * w, self.probe_max)
+
+    def observe_hindsight(self, checked: int, matched: int) -> None:
+        """The drafter guessed `checked` tokens the target had already emitted, the first `matched` right."""
+        if self._since_probe >= self._probe_wait:
+            self._advance_probe_schedule()
+        if checked:
+            self._accepted = self.forget * self._accepted + matched
+            self._rejected = self.forget * self._rejected + (matched < checked)
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
         if drafted == 0:

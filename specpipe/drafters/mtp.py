@@ -62,6 +62,16 @@ class MtpDrafter:
         self.cached_len = 0
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
+        return self._draft(context_ids, k, sampled=self.sampler is not None and not self.sampler.greedy)
+
+    def hindsight(self, context_ids: list[int], m: int) -> list[int]:
+        """The head's greedy guess for the last m tokens, from the tape alone (no target forward).
+
+        The next propose drops these chained pairs as it drops any step's.
+        """
+        return self._draft(context_ids[:-m], m, sampled=False).token_ids if m > 0 else []
+
+    def _draft(self, context_ids: list[int], k: int, sampled: bool) -> Draft:
         n = len(context_ids)
         if k <= 0 or n < 2:
             return Draft(token_ids=[])  # position 0 has no previous hidden state to pair with
@@ -74,7 +84,6 @@ class MtpDrafter:
         # Chain: each step feeds the head's own output as the next hidden state.
         # Lazy graph, one evaluation at the end (no host round trip per token),
         # except with a confidence floor: each token is checked on the host first.
-        sampled = self.sampler is not None and not self.sampler.greedy
         drafted, q_rows = [], []
         for i in range(k):
             logits = self.lm_head(x)[0].astype(mx.float32)  # [1, vocab]

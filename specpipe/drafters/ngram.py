@@ -36,15 +36,23 @@ class NgramDrafter:
         # The context only grows between steps: append the new tail instead
         # of copying the whole history every step.
         self._extend(context_ids[self._len :])
+        return Draft(token_ids=self._lookup(self._len, k))
+
+    def hindsight(self, context_ids: list[int], m: int) -> list[int]:
+        """What propose would have said before the last m tokens (a lookup, no state change)."""
+        self._extend(context_ids[self._len :])
+        return self._lookup(self._len - m, m)
+
+    def _lookup(self, end: int, k: int) -> list[int]:
+        """Up to k ids that followed the latest earlier match of the ids before `end`."""
         if k <= 0:
-            return Draft(token_ids=[])
-        ids = self._ids[max(0, self._len - self.window) : self._len]
+            return []
+        ids = self._ids[max(0, end - self.window) : end]
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             start = self._find(ids, n)
             if start is not None:
-                follow = ids[start + n : start + n + k]
-                return Draft(token_ids=follow.tolist())
-        return Draft(token_ids=[])
+                return ids[start + n : start + n + k].tolist()
+        return []
 
     @staticmethod
     def _find(ids: np.ndarray, n: int) -> int | None:

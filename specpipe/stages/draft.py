@@ -3,6 +3,9 @@
 Contract: `propose(context_ids, k)` returns a Draft of at most k ids (maybe
 none). A drafter that runs a model keeps its own cache and says how many
 context tokens it holds, so the rollback stage can trim it.
+
+`hindsight(context_ids, m)` (optional) is the drafter's guess for tokens the
+target already emitted: acceptance evidence without a verify forward.
 """
 
 from __future__ import annotations
@@ -36,3 +39,9 @@ class Drafter(Protocol):
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         """Propose up to k tokens to follow `context_ids`."""
+
+    # Optional, for drafters that can answer it without a target forward (n-gram, MTP head):
+    # def hindsight(self, context_ids: list[int], m: int) -> list[int]:
+    #     """Up to m greedy tokens it would have proposed after context_ids[:-m]. Leaves the
+    #     drafter ready for the next propose(context_ids, k). budget=auto uses it to probe
+    #     acceptance while K = 0 at no verify cost."""
