@@ -120,6 +120,8 @@ def test_auto_backs_off_probing_text_the_drafter_cannot_predict():
 def test_auto_probe_bounds():
     with pytest.raises(SpecpipeError, match="probe_every"):
         AutoBudget(probe_every=16, probe_max=8)
+    with pytest.raises(SpecpipeError, match="probe_k"):
+        AutoBudget(probe_k=0)
 
 
 def test_auto_probes_on_its_first_step_even_when_the_prior_says_plain():

@@ -21,7 +21,8 @@ forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
-c starts from the calibration (a drafter timed alone) and then follows the
+c starts from the calibration (a draft model timed alone; for a drafter
+running part of the target, its share of the target's weight bytes) and then follows the
 run: each step's draft seconds per drafted token over the target step time
 implied by that step's verify (verify seconds / T(k+1)/T(1)). Alone, a draft
 model can time slower than inside the loop, and a too-high c under-drafts.
@@ -47,6 +48,8 @@ class AutoBudget:
             raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
         if not 0.0 < forget <= 1.0:
             raise SpecpipeError(f"budget.forget={forget}: use a factor in (0, 1]")
+        if not 1 <= probe_k <= K_MAX:
+            raise SpecpipeError(f"budget.probe_k={probe_k} is out of range: choose 1..{K_MAX}")
         if not 1 <= probe_every <= probe_max:
             raise SpecpipeError(f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max")
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
