@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specpipe.cli import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_RUN, _is_hydra_meta, _preload_blas, describe_config_error
+from specpipe.cli import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_RUN, _is_hydra_meta, _preload_blas, validate_overrides
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
@@ -32,7 +32,7 @@ def main() -> None:
     _preload_blas()
     argv = sys.argv[1:]
     if not _is_hydra_meta(argv):
-        message = validate_overrides(argv, config_name="bench")
+        message = validate_overrides(argv, config_name="bench", tool="specpipe-bench")
         if message:
             _fail(message, EXIT_CONFIG)
     import hydra
@@ -40,23 +40,6 @@ def main() -> None:
     import specpipe.config  # noqa: F401  (registers the schemas)
 
     hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="bench")(_task)()
-
-
-def validate_overrides(overrides: list[str], config_name: str = "bench") -> str | None:
-    """cli.validate_overrides for another primary config: one-line message or None."""
-    from hydra import compose, initialize_config_module
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    import specpipe.config  # noqa: F401
-
-    plain = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
-    try:
-        with initialize_config_module(config_module="specpipe.conf", version_base=None):
-            compose(config_name=config_name, overrides=plain)
-    except (HydraException, OmegaConfBaseException) as exc:
-        return describe_config_error(exc).replace("`specpipe --cfg job`", "`specpipe-bench --cfg job`")
-    return None
 
 
 def _task(cfg) -> None:

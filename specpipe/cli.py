@@ -42,21 +42,48 @@ def _task(cfg) -> None:
         sys.exit(EXIT_INTERRUPTED)
 
 
-def validate_overrides(overrides: list[str]) -> str | None:
-    """Compose the config once to catch bad overrides; return a one-line message or None."""
+def validate_overrides(overrides: list[str], config_name: str = "config", tool: str = "specpipe") -> str | None:
+    """Compose the config to catch bad overrides; return a one-line message or None.
+
+    With -m / --multirun every job of the sweep is composed (Hydra would
+    otherwise fail in the middle of the sweep, with its own multi-line error).
+    """
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     import specpipe.config  # noqa: F401
 
-    plain = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    multirun = any(a in ("-m", "--multirun") for a in overrides)
+    plain = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra.") and not o.startswith("hydra/")]
     try:
+        jobs = sweep_jobs(plain) if multirun else [plain]
         with initialize_config_module(config_module="specpipe.conf", version_base=None):
-            compose(config_name="config", overrides=plain)
-    except (HydraException, OmegaConfBaseException) as exc:
+            for job in jobs:
+                try:
+                    compose(config_name=config_name, overrides=job)
+                except (HydraException, OmegaConfBaseException) as exc:
+                    where = f" (in the sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+                    return describe_config_error(exc).replace("`specpipe --cfg", f"`{tool} --cfg") + where
+    except (HydraException, OmegaConfBaseException) as exc:  # the sweep syntax itself
         return describe_config_error(exc)
     return None
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """The jobs Hydra's basic sweeper runs for `overrides` (a=1,2 b=x,y: four jobs)."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    axes = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override():
+            key = o.get_key_element()
+            axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            axes.append([o.input_line])
+    return [list(job) for job in itertools.product(*axes)]
 
 
 def describe_config_error(exc: Exception) -> str:
@@ -79,8 +106,8 @@ def describe_config_error(exc: Exception) -> str:
 
 
 def _is_hydra_meta(argv: list[str]) -> bool:
-    """Flags Hydra handles itself (help, --cfg, multirun sweeps): skip pre-validation."""
-    return any(a in ("-h", "--help", "--hydra-help", "-m", "--multirun", "-c", "--cfg", "--info", "-i") or a.startswith("--") for a in argv)
+    """Flags Hydra handles itself (help, --cfg, --info): skip pre-validation (-m sweeps are validated)."""
+    return any(a in ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i") or (a.startswith("--") and a != "--multirun") for a in argv)
 
 
 def _fail(message: str, code: int) -> None:

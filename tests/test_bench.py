@@ -162,7 +162,9 @@ def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
 @pytest.mark.parametrize(
     "args, words",
     [(["suite=bogus"], "unknown option suite=bogus"), (["nope=1"], "unknown config key"),
-     (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist")],
+     (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist"),
+     # a sweep whose second job is bad fails before the first job runs, naming the job
+     (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'")],
 )
 def test_bad_input_is_one_line(tmp_path, args, words):
     proc = subprocess.run([sys.executable, "-m", "specpipe.bench", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)

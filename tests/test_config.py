@@ -68,6 +68,13 @@ def test_bad_overrides_give_one_line(override, words):
     assert "\n" not in message
 
 
+def test_every_job_of_a_sweep_is_checked():
+    assert validate_overrides(["-m", "suite=code,prose", "budget.k=4,8"], config_name="bench") is None
+    message = validate_overrides(["-m", "draft=ngram,bogus", "budget.k=4,8"])
+    assert message.startswith("unknown option draft=bogus") and "(in the sweep job draft=bogus budget.k=4)" in message
+    assert "\n" not in message
+
+
 def test_good_overrides_pass():
     assert validate_overrides(["draft=model", "budget.k=16", "model=tiny-random", "model.arch=qwen2"]) is None
 
