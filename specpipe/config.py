@@ -259,3 +259,46 @@ def register_drafters_extra() -> None:
 
 
 register_drafters_extra()
+
+
+# ---------------------------------------------------------------- --help
+
+APPS = {"config": "specpipe", "bench": "specpipe-bench", "train_drafter": "specpipe-train-drafter"}
+
+
+def help_groups(primary: str) -> str:
+    """`group: option, ...` lines for the groups `primary`'s defaults list uses (schemas stay hidden).
+
+    Hydra's own $APP_CONFIG_GROUPS also lists the schema/* groups registered above.
+    """
+    from importlib import resources
+
+    import yaml
+
+    conf = resources.files("specpipe.conf")
+    defaults = yaml.safe_load(conf.joinpath(f"{primary}.yaml").read_text()).get("defaults", [])
+    groups = [next(iter(d)) for d in defaults if isinstance(d, dict)]
+    lines = []
+    for group in sorted(g for g in groups if g != "hydra"):
+        options = sorted(p.name[:-5] for p in conf.joinpath(group).iterdir() if p.name.endswith(".yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+def register_help_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("specpipe_groups", help_groups, replace=True)
+    OmegaConf.register_new_resolver("specpipe_app", app_name, replace=True)
+
+
+def app_name(primary: str) -> str:
+    """The console script's name (specpipe-chat and -calibrate share the main config), else by config."""
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.argv[0]).name
+    return script if script.startswith("specpipe") else APPS.get(primary, "specpipe")
+
+
+register_help_resolvers()

@@ -69,6 +69,13 @@ def test_bad_input_is_one_line(tmp_path, args, words):
     assert "Traceback" not in proc.stderr
 
 
+def test_help_lists_the_option_groups_without_schemas(tmp_path):
+    proc = specpipe(["--help"], tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("specpipe:") and "schema/" not in proc.stdout
+    assert "budget: adaptive, auto, confidence, fixed" in proc.stdout and "suite:" not in proc.stdout  # bench-only
+
+
 def test_not_a_gguf_file(tmp_path):
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"this is not a gguf file at all" * 10)
