@@ -91,16 +91,20 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
     return data
 
 
-def expected_speedup(alpha: float, k: int, c: float, ratio: dict[int, float]) -> float:
+def expected_speedup(alpha: float, k: int, c: float, ratio: dict[int, float], continuation: float | None = None) -> float:
     """Tokens per unit time relative to plain decoding (Leviathan et al.'s model).
 
-    With per-token acceptance alpha, a step drafting k tokens yields
-    (1 - alpha^(k+1)) / (1 - alpha) tokens and costs k·c + T(k+1)/T(1)
-    (the verify forward scores k+1 positions). k = 0 is plain decoding: 1.0.
+    The first drafted token is accepted with probability alpha and each later
+    one, given the one before it was, with `continuation` (default alpha: the
+    geometric model, (1 - alpha^(k+1)) / (1 - alpha) tokens). A step drafting
+    k tokens yields 1 + alpha (1 - g^k) / (1 - g) tokens (g = continuation)
+    and costs k·c + T(k+1)/T(1) (the verify forward scores k+1 positions).
+    k = 0 is plain decoding: 1.0.
     """
     if k == 0:
         return 1.0
-    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    g = alpha if continuation is None else continuation
+    tokens = 1 + alpha * (k if g >= 1.0 else (1 - g**k) / (1 - g))
     return tokens / (k * c + ratio[min(k + 1, max(ratio))])
 
 

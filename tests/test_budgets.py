@@ -58,6 +58,8 @@ def test_expected_speedup_formula():
     # alpha 0.5, K 2: (1 - 0.125) / 0.5 = 1.75 tokens for a cost of T(3)/T(1) = 1.06
     assert expected_speedup(0.5, 2, 0.0, FLAT) == pytest.approx(1.75 / 1.06)
     assert expected_speedup(1.0, 4, 0.0, FLAT) == pytest.approx(5 / 1.10)
+    # first token 50%, every later one held once the first did (a copied span): 1 + 0.5 * 4 tokens
+    assert expected_speedup(0.5, 4, 0.0, FLAT, continuation=1.0) == pytest.approx(3 / 1.10)
 
 
 def auto_with(ratio, c, alpha):
@@ -77,6 +79,19 @@ def test_auto_drafts_long_when_verify_is_cheap_and_acceptance_high():
     for _ in range(30):  # acceptance known to be about one half
         b.observe(2, 1)
     assert 1 <= b.next_k() <= 8
+
+
+def test_auto_drafts_long_when_drafts_are_all_or_nothing():
+    """Same first-token rate (1/2), different bursts: a span that holds once it starts earns a long draft."""
+    bursty, scattered = auto_with(FLAT, 0.05, 0.5), auto_with(FLAT, 0.05, 0.5)
+    for _ in range(20):
+        bursty.observe(8, 8)
+        bursty.observe(8, 0)
+        scattered.observe(8, 1)
+        scattered.observe(8, 0)
+    assert bursty.alpha == pytest.approx(scattered.alpha)
+    assert bursty.continuation > 0.9 and scattered.continuation < 0.1
+    assert bursty.next_k() >= 8 and scattered.next_k() <= 2
 
 
 def test_auto_learns_acceptance_and_probes_while_off():

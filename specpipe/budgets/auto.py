@@ -8,9 +8,12 @@ plus one standard error says "draft" (thin evidence, e.g. one rejected
 probe), the step drafts a short probe instead: the bandit's rule for acting
 on little evidence, without betting a long draft on it.
 
-alpha is the maximum-likelihood per-token acceptance under a geometric
-model: accepted / (accepted + rejections), with exponential forgetting so it
-follows the text. While K = 0 is chosen, a short draft every `probe_every`
+Acceptance is two rates, each a success / trial count with exponential
+forgetting so it follows the text: alpha, that the first drafted token is
+accepted, and the continuation, that a token is accepted given the one
+before it was. Drafts are bursty (an n-gram that matched a copied span keeps
+matching: on code, 44% first-token acceptance but ~80-100% after that), so
+one geometric rate would undervalue long drafts exactly where they pay. While K = 0 is chosen, a short draft every `probe_every`
 steps keeps alpha fresh; each probe that leaves K at 0 doubles the wait (up
 to `probe_max`), so text the drafter cannot predict costs a few probes, not
 one every 8 steps. The very first K = 0 decision probes at once, so a prior
@@ -55,7 +58,9 @@ class AutoBudget:
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
         self.probe_max = probe_max
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
-        self._accepted, self._rejected = 2 * prior_alpha, 2 * (1 - prior_alpha)  # a weak prior: two tokens' worth
+        # a weak prior, two trials' worth each: [successes, failures]
+        self._first = [2 * prior_alpha, 2 * (1 - prior_alpha)]
+        self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
@@ -72,7 +77,20 @@ class AutoBudget:
 
     @property
     def alpha(self) -> float:
-        return self._accepted / (self._accepted + self._rejected)
+        """P(the first drafted token is accepted)."""
+        return self._first[0] / sum(self._first)
+
+    @property
+    def continuation(self) -> float:
+        """P(a drafted token is accepted | the one before it was)."""
+        return self._next[0] / sum(self._next)
+
+    def _count(self, drafted: int, accepted: int) -> None:
+        """One step's evidence: a draft of `drafted` tokens whose first `accepted` were right."""
+        f = self.forget
+        self._first = [f * self._first[0] + (accepted > 0), f * self._first[1] + (accepted == 0)]
+        if accepted > 0 and drafted > 1:  # tokens 2..: each tried only when the previous one held
+            self._next = [f * self._next[0] + accepted - 1, f * self._next[1] + (accepted < drafted)]
 
     @property
     def alpha_optimistic(self) -> float:
@@ -81,14 +99,15 @@ class AutoBudget:
         With forgetting the evidence saturates near 1 / (1 - forget) steps' worth, so the bonus shrinks
         to a few points once acceptance is known; where speculation cannot pay it still decides K = 0.
         """
-        n = self._accepted + self._rejected
+        n = sum(self._first)
         a = self.alpha
         return min(1.0, a + (a * (1 - a) / n) ** 0.5)
 
     def _best(self, alpha: float) -> int:
         from specpipe.calibrate import expected_speedup
 
-        scores = {k: expected_speedup(alpha, k, self.c, self.ratio) for k in range(0, self.k_max + 1)}
+        g = self.continuation
+        scores = {k: expected_speedup(alpha, k, self.c, self.ratio, g) for k in range(0, self.k_max + 1)}
         return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
 
     def best_k(self) -> int:
@@ -133,15 +152,13 @@ class AutoBudget:
         if self._since_probe >= self._probe_wait:
             self._advance_probe_schedule()
         if checked:
-            self._accepted = self.forget * self._accepted + matched
-            self._rejected = self.forget * self._rejected + (matched < checked)
+            self._count(checked, matched)
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
-        self._accepted = self.forget * self._accepted + accepted
-        self._rejected = self.forget * self._rejected + (accepted < drafted)
+        self._count(drafted, accepted)
         # Only steps after a drafting step: after plain steps a model drafter first catches up on the
         # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
         if draft_s is not None and verify_s and self._drafted_before:
