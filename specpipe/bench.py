@@ -88,6 +88,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from omegaconf import OmegaConf
 
     from specpipe.bench_measure import measure_mlx_lm, measure_specpipe
+    from specpipe.errors import SpecpipeError
     from specpipe.bench_records import ResultsFile, config_hash, first_mismatch, load_suite
     from specpipe.runner import device, versions
     from specpipe.session import Session
@@ -97,6 +98,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     snapshot.pop("hydra", None)
     chash = config_hash(snapshot)
     out = ResultsFile(results)
+    if cfg.repeats < 1:
+        raise SpecpipeError(f"repeats={cfg.repeats}: measure each prompt at least once (repeats=1, or 3 on a noisy machine)")
     prompts = load_suite(cfg.suite.name, cfg.suite.path, cfg.limit)
     done = out.done_pairs() if cfg.resume else set()
     pending = [p for p in prompts if (chash, p["id"]) not in done]
@@ -150,10 +153,15 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     for i, prompt in enumerate(pending):
         ids = encode(prompt)
         # A/B interleaved, alternating which goes first so slow drift in a shared machine cancels out.
-        if i % 2 == 0:
-            b, s = measure_specpipe(base, ids, cfg.max_tokens), measure_specpipe(spec, ids, cfg.max_tokens)
-        else:
-            s, b = measure_specpipe(spec, ids, cfg.max_tokens), measure_specpipe(base, ids, cfg.max_tokens)
+        b_runs, s_runs = [], []
+        for r in range(cfg.repeats):
+            if (i + r) % 2 == 0:
+                b_runs.append(measure_specpipe(base, ids, cfg.max_tokens))
+                s_runs.append(measure_specpipe(spec, ids, cfg.max_tokens))
+            else:
+                s_runs.append(measure_specpipe(spec, ids, cfg.max_tokens))
+                b_runs.append(measure_specpipe(base, ids, cfg.max_tokens))
+        b, s = median_run(b_runs), median_run(s_runs)
         record = {
             "config_hash": chash, "config": snapshot, "label": label, "prompt_id": prompt["id"],
             "prompt_tokens": len(ids), "order": "baseline-first" if i % 2 == 0 else "spec-first",
@@ -179,6 +187,14 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
     return records
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median decode speed (upper median for an even count), with every run's speed beside it."""
+    run = sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
+    if len(runs) > 1:
+        run["decode_tok_s_runs"] = [r["decode_tok_s"] for r in runs]
+    return run
 
 
 def session_config(cfg, draft, budget=None):

@@ -19,7 +19,7 @@ from specpipe.events import Emitted, Event, PrefillDone, Verified
 
 # Keys that choose *which* pairs run or where they go, not *what* is measured:
 # changing them must not change the hash, so a resumed sweep can extend `limit`.
-UNHASHED_KEYS = ("limit", "resume", "results", "warmup")
+UNHASHED_KEYS = ("limit", "resume", "results", "warmup", "repeats")  # how much / where, not what
 
 
 # ---------------------------------------------------------------- suites

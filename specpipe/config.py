@@ -176,6 +176,7 @@ class BenchConfig(PipelineGroups):
     anchor_ks: Optional[List[int]] = None
     resume: bool = False  # skip (config hash, prompt id) pairs already in the results file
     results: Optional[str] = None  # results JSONL; None: <sweep or run dir>/bench.jsonl
+    repeats: int = 1  # each prompt's baseline / speculative pair this many times; the median run of each is kept
 
 
 def register_bench() -> None:

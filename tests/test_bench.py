@@ -130,6 +130,15 @@ def test_mlx_lm_num_draft_tokens_sweep(tmp_path, suite_file):
     assert "num_draft_tokens sweep" in text and "mlx-lm K=1" in text and "mlx-lm best" in text
 
 
+def test_repeats_keep_the_median_run(tmp_path, suite_file):
+    (r,) = run_bench(bench_cfg(f"suite.path={suite_file}", "limit=1", "anchor=false", "repeats=3"), tmp_path / "b.jsonl", log=quiet)
+    for side in ("baseline", "spec"):
+        speeds = r[side]["decode_tok_s_runs"]
+        assert len(speeds) == 3 and r[side]["decode_tok_s"] == sorted(speeds)[1]
+    assert r["speedup"] == pytest.approx(r["spec"]["decode_tok_s"] / r["baseline"]["decode_tok_s"])
+    assert r["tokens_match"]
+
+
 def test_resume_skips_done_pairs(tmp_path, suite_file):
     results = tmp_path / "bench.jsonl"
     cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "anchor=false", "resume=true", f"results={results}")
@@ -163,6 +172,7 @@ def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
     "args, words",
     [(["suite=bogus"], "unknown option suite=bogus"), (["nope=1"], "unknown config key"),
      (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist"),
+     (["model=tiny-random", "repeats=0"], "repeats=0"),
      # a sweep whose second job is bad fails before the first job runs, naming the job
      (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'")],
 )
