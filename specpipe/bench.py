@@ -88,8 +88,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from omegaconf import OmegaConf
 
     from specpipe.bench_measure import measure_mlx_lm, measure_specpipe
-    from specpipe.errors import SpecpipeError
     from specpipe.bench_records import ResultsFile, config_hash, first_mismatch, load_suite
+    from specpipe.errors import SpecpipeError
     from specpipe.runner import device, versions
     from specpipe.session import Session
 

@@ -20,6 +20,7 @@ import msgspec
 
 from specpipe.events import Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
+from specpipe.stages.compare import first_false
 from specpipe.stages.draft import Draft
 from specpipe.stages.verify import verify
 
@@ -165,7 +166,7 @@ class SpeculativePipeline:
         if m <= 0 or not hasattr(self.drafter, "hindsight"):
             return [], 0
         guess = self.drafter.hindsight(context, m)[:m]
-        matched = next((i for i, (a, b) in enumerate(zip(guess, context[-m:])) if a != b), len(guess))
+        matched = first_false([g == t for g, t in zip(guess, context[-m:])])  # the greedy comparator's rule
         self.budget.observe_hindsight(len(guess), matched)
         return guess, matched
 

@@ -13,10 +13,12 @@ forgetting so it follows the text: alpha, that the first drafted token is
 accepted, and the continuation, that a token is accepted given the one
 before it was. Drafts are bursty (an n-gram that matched a copied span keeps
 matching: on code, 44% first-token acceptance but ~80-100% after that), so
-one geometric rate would undervalue long drafts exactly where they pay. While K = 0 is chosen, a short draft every `probe_every`
-steps keeps alpha fresh; each probe that leaves K at 0 doubles the wait (up
-to `probe_max`), so text the drafter cannot predict costs a few probes, not
-one every 8 steps. The very first K = 0 decision probes at once, so a prior
+one geometric rate would undervalue long drafts exactly where they pay.
+
+While K = 0 is chosen, a short draft every `probe_every` steps keeps alpha
+fresh; each probe that leaves K at 0 doubles the wait (up to `probe_max`),
+so text the drafter cannot predict costs a few probes, not one every 8
+steps. The very first K = 0 decision probes at once, so a prior
 that says "plain" does not cost a run its first steps.
 
 Drafters that can guess tokens the target already emitted without a target
@@ -25,8 +27,8 @@ verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
 c starts from the calibration (a draft model timed alone; for a drafter
-running part of the target, its share of the target's weight bytes) and then follows the
-run: each step's draft seconds per drafted token over the target step time
+running part of the target, its share of the target's weight bytes) and
+then follows the run: each step's draft seconds per drafted token over the target step time
 implied by that step's verify (verify seconds / T(k+1)/T(1)). Alone, a draft
 model can time slower than inside the loop, and a too-high c under-drafts.
 """

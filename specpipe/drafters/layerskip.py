@@ -114,6 +114,5 @@ class LayerSkipDrafter(ModelDrafter):
         info = msgspec.structs.replace(target.info, name=f"{target.info.name}[layers {label}]", source="layerskip")
         # Everything else (cache, propose, sampling) is ModelDrafter's, on this view.
         engine = Engine(model, target.tokenizer, info)
-        kept = [inner.layers[i] for i in self.layer_ids]
-        self.cost_per_token = weight_bytes(*kept, inner.norm, lm_head_weights(target.model, inner)) / weight_bytes(target.model)
+        self.cost_per_token = weight_bytes(*model.layers, inner.norm, lm_head_weights(target.model, inner)) / weight_bytes(target.model)
         super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler)
