@@ -148,6 +148,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             anchor_runs(ids, n)
 
     env = {"versions": versions(), "device": device()}
+    from specpipe.engine.blas import blas_info, blas_phrase
+
+    log(f"[bench] {label['model']} ({label['precision']}), {len(pending)} prompts, {blas_phrase(blas_info())}")
     records = []
     started = time.perf_counter()
     for i, prompt in enumerate(pending):

@@ -116,13 +116,13 @@ def _fail(message: str, code: int) -> None:
 
 
 def _preload_blas() -> None:
+    """Load the fastest BLAS before anything imports MLX. Says nothing here: which BLAS is in use
+    (and how to get a fast one) is part of the run's header line, so a bad-input error stays one line."""
     try:
         from specpipe.engine.blas import preload_blas
     except ImportError:
         return
-    info = preload_blas()
-    if info.notice:
-        print(f"specpipe: {info.notice}", file=sys.stderr)
+    preload_blas()
 
 
 class TerminalPrinter:
@@ -132,12 +132,13 @@ class TerminalPrinter:
         self.stream = stream
 
     def __call__(self, event) -> None:
+        from specpipe.engine.blas import blas_info, blas_phrase
         from specpipe.events import Emitted, RunFinished, RunStarted
 
         if isinstance(event, RunStarted):
             draft = f" + draft {event.draft.name}" if event.draft else ""
             print(f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
-                  f"budget={event.budget}, rollback={event.rollback}", file=sys.stderr)
+                  f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}", file=sys.stderr)
         elif isinstance(event, Emitted) and self.stream:
             sys.stdout.write(event.text)
             sys.stdout.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -50,6 +51,9 @@ def test_preload_then_matmul_matches_numpy():
     assert out["after"] == out["info"]
     if os.path.exists(DEBIAN_OPENBLAS) and "OPENBLAS_CORETYPE" not in os.environ:
         assert out["info"]["name"] == "openblas" and out["info"]["notice"] is None
+    elif platform.machine() == "x86_64":
+        # `pip install -e .` brings MKL on Linux x86_64: a fresh machine must not fall back to the reference BLAS.
+        assert out["info"]["name"] == "mkl" and out["info"]["path"].startswith(sys.prefix), out["info"]
     elif out["info"]["name"] == "reference":
         assert "libopenblas0-pthread" in out["info"]["notice"]  # tells the user how to get a fast one
 
@@ -98,9 +102,38 @@ print(json.dumps({"core": os.environ.get("OPENBLAS_CORETYPE")}))
     assert _run(code, SPECPIPE_BLAS=None, OPENBLAS_CORETYPE="Haswell")["core"] == "Haswell"
 
 
+REPORT_ONLY = """
+import json
+from specpipe.engine.blas import blas_info
+before = blas_info()
+maps = open("/proc/self/maps").read()
+print(json.dumps({"name": before.name, "mapped": "libmkl" in maps or "libopenblas" in maps}))
+"""
+
+
 def test_blas_info_loads_nothing():
-    # In the test process mlx may already be imported: blas_info only reports.
-    assert blas.blas_info().name in ("openblas", "mkl", "reference")
+    # In a fresh interpreter blas_info only reports: nothing is mapped, so it says "reference".
+    out = _run(REPORT_ONLY, SPECPIPE_BLAS=None, LD_PRELOAD=None)
+    assert out == {"name": "reference", "mapped": False}
+
+
+def test_phrase_names_the_blas_and_the_fix():
+    assert blas.blas_phrase(blas.BlasInfo("mkl", "/x/libmkl_rt.so.2", None)) == "BLAS mkl"
+    slow = blas.blas_phrase(blas.BlasInfo("reference", None, "whatever"))
+    assert slow.startswith("BLAS reference (slow:") and "install" in slow and "\n" not in slow
+
+
+def test_a_notice_never_adds_a_line_to_an_error(tmp_path):
+    # A BLAS that cannot load makes a notice; a bad override must still be the only line on stderr.
+    env = dict(os.environ, SPECPIPE_BLAS=str(tmp_path / "libnope.so"))
+    proc = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", "draft=bogus"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "draft=bogus" in proc.stderr
+    ok = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", "max_tokens=2"], cwd=tmp_path,
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "BLAS reference (slow:" in ok.stderr.splitlines()[0]  # the run's header says it, once
 
 
 def test_nothing_found_gives_install_hint(monkeypatch):
@@ -112,4 +145,5 @@ def test_nothing_found_gives_install_hint(monkeypatch):
     info = blas._choose("auto")
     assert info.name == "reference" and info.path is None
     assert "apt-get install libopenblas0-pthread" in info.notice and "pip install mkl" in info.notice
+    assert "no optimised BLAS found" in info.notice
     assert "\n" not in info.notice

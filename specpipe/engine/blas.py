@@ -25,8 +25,8 @@ class BlasInfo:
     notice: str | None
 
 
-_HOW_TO_GET = ("install one for 15-25x faster CPU matmul: `apt-get install libopenblas0-pthread` "
-               "(Debian/Ubuntu) or `pip install mkl`")
+_HOW_TO_GET = ("install one for 15-25x faster CPU matmul: `pip install mkl` (x86_64; `pip install -e .` brings it) "
+               "or `apt-get install libopenblas0-pthread` (Debian/Ubuntu)")
 
 _state: BlasInfo | None = None  # what this process loaded; kept so later calls report the same thing
 _handles: list[ctypes.CDLL] = []  # keep the libraries referenced for the life of the process
@@ -163,7 +163,7 @@ def _choose(prefer: str) -> BlasInfo:
         got = _first(_mkl_candidates(), "mkl")
         if got:
             return got
-    what = "an optimised BLAS" if prefer == "auto" else prefer
+    what = "optimised BLAS" if prefer == "auto" else prefer
     return BlasInfo("reference", None, f"no {what} found, MLX uses its reference BLAS (slow); {_HOW_TO_GET}")
 
 
@@ -192,6 +192,18 @@ def preload_blas(prefer: str = "auto") -> BlasInfo:
     else:
         _state = _already_mapped() or _choose(prefer)
     return _state
+
+
+def blas_phrase(info: BlasInfo) -> str:
+    """Which BLAS a run uses, for a run's header line: "BLAS mkl", or the slow fallback and its fix.
+
+    Callers print it as part of a line they print anyway (never a line of its own before the
+    configuration is checked), so a bad-input error stays the only line on stderr.
+    """
+    if info.name != "reference" or not sys.platform.startswith("linux"):
+        return f"BLAS {info.name}"
+    fix = "`pip install mkl`" if platform.machine().lower() in ("x86_64", "amd64") else "`apt-get install libopenblas0-pthread`"
+    return f"BLAS reference (slow: {fix} for 15-25x faster CPU matmul)"
 
 
 def blas_info() -> BlasInfo:
