@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specpipe.cli import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_RUN, _is_hydra_meta, _preload_blas, validate_overrides
+from specpipe.cli import EXIT_INTERRUPTED, EXIT_RUN, _preload_blas, prepare_argv
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
@@ -30,11 +30,7 @@ _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one proce
 
 def main() -> None:
     _preload_blas()
-    argv = sys.argv[1:]
-    if not _is_hydra_meta(argv):
-        message = validate_overrides(argv, config_name="bench", tool="specpipe-bench")
-        if message:
-            _fail(message, EXIT_CONFIG)
+    prepare_argv("bench", "specpipe-bench", prompts=False)
     import hydra
 
     import specpipe.config  # noqa: F401  (registers the schemas)

