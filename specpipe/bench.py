@@ -39,6 +39,7 @@ def main() -> None:
 
 
 def _task(cfg) -> None:
+    _preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped main()
     from specpipe.errors import SpecpipeError
 
     results = Path(cfg.results) if cfg.results else _hydra_results_dir() / RESULTS_NAME

@@ -90,10 +90,19 @@ class ResultsFile:
         return {(r["config_hash"], r["prompt_id"]) for r in self.records()}
 
     def append(self, record: dict) -> None:
+        """Append one line. Sweep jobs run by a launcher (joblib, submitit) are separate processes
+        writing to the same sweep file: one locked write per record keeps every line whole."""
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+        line = (json.dumps(record) + "\n").encode("utf-8")
+        with open(self.path, "ab") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.write(line)
+                f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def read_records(paths: Iterable[Path]) -> Iterable[dict]:

@@ -23,6 +23,7 @@ def main() -> None:
 
 
 def _task(cfg) -> None:
+    _preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped main()
     from specpipe.errors import SpecpipeError
     from specpipe.runner import run
 
@@ -30,12 +31,38 @@ def _task(cfg) -> None:
     try:
         result = run(cfg, on_event=printer)
     except SpecpipeError as exc:
+        _drop_empty_run_folder()
         _fail(str(exc), EXIT_RUN)
     except KeyboardInterrupt:
+        _drop_empty_run_folder()
         _fail("interrupted before generation started; nothing was written", EXIT_INTERRUPTED)
     print(summary_line(result), file=sys.stderr)
     if result.stop_reason == "interrupted":
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _drop_empty_run_folder() -> None:
+    """Hydra makes the run folder before the task; a run that failed before generating anything
+    leaves nothing worth keeping there (only Hydra's own .hydra/ snapshot), so remove it."""
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        folder = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not under Hydra (run() called directly)
+        return
+    if not folder.is_dir():
+        return
+    leftovers = [p for p in folder.iterdir() if p.name != ".hydra" and not (p.suffix == ".log" and p.stat().st_size == 0)]
+    if not leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in (folder.parent, folder.parent.parent):  # the date folder, then outputs/, if now empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
 
 def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]:
@@ -53,7 +80,12 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
             argv = expand_prompt_args(argv)
     except (PromptArgError, ValueError) as exc:
         _fail(str(exc), EXIT_CONFIG, tool)
+    argv = _flags_first(argv)
     sys.argv = sys.argv[:1] + argv
+    modes = [a for a in argv if a.partition("=")[0] in ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")]
+    if len(modes) > 1:  # Hydra's own check raises a traceback
+        _fail(f"{' and '.join(modes)} cannot be combined: Hydra does one of them (drop -m to print one job's config)",
+              EXIT_CONFIG, tool)
     if not _is_hydra_meta(argv):
         config_dir = _flag_value(argv, "-cp", "--config-path")
         name = _flag_value(argv, "-cn", "--config-name") or config_name
@@ -174,14 +206,37 @@ def describe_config_error(exc: Exception) -> str:
     return "bad configuration: " + " ".join(text.split())
 
 
+_TAKES_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package",
+                "-c", "--cfg", "-sc", "--shell-completion", "--experimental-rerun"}
+_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def _flags_first(argv: list[str]) -> list[str]:
+    """Hydra's flags (with their values) before the overrides: Hydra's argparse rejects overrides
+    that follow a flag (`a=1 -m b=2` fails with "unrecognized arguments: b=2")."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-"):
+            flags.append(arg)
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is not None and not nxt.startswith("-") and "=" not in arg and (
+                    arg in _TAKES_VALUE or (arg in ("-i", "--info") and nxt in _INFO_VALUES)):
+                flags.append(nxt)
+                i += 1
+        else:
+            overrides.append(arg)
+        i += 1
+    return flags + overrides
+
+
 def _overrides_only(argv: list[str]) -> list[str]:
     """argv without Hydra's flags and their values (`-cp DIR`, `-cn NAME`, `-m`)."""
-    takes_value = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package"}
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a in takes_value:
+        elif a in _TAKES_VALUE:
             skip = True
         elif not a.startswith("-"):
             out.append(a)

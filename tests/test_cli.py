@@ -111,3 +111,99 @@ def test_ctrl_c_keeps_what_was_generated(tmp_path):
     summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted"
     assert len(summary["tokens"]) >= 20
+
+
+# ---------------------------------------------------------------- prompts, re-runs, Hydra's own flags
+
+TRICKY = "Rename x to y in: def f(x): return x + 1  # it's (a, b) ${not.a.key} \\ end\\"
+
+
+def _run_config(folder: Path) -> tuple[str, list[int]]:
+    from omegaconf import OmegaConf
+
+    text = OmegaConf.load(folder / ".hydra" / "config.yaml").prompt.text
+    return text, json.loads((folder / "summary.json").read_text())["tokens"]
+
+
+@pytest.mark.parametrize("form", ["positional", "--prompt", "--prompt=", "prompt.file", "stdin", "unquoted"])
+def test_prompt_forms_keep_the_text_literally(tmp_path, form):
+    (tmp_path / "task.txt").write_text(TRICKY, encoding="utf-8")
+    args, stdin = {
+        "positional": ([TRICKY], None),
+        "--prompt": (["--prompt", TRICKY], None),
+        "--prompt=": ([f"--prompt={TRICKY}"], None),
+        "prompt.file": (["prompt.file=task.txt"], None),
+        "stdin": (["-"], TRICKY),
+        "unquoted": ([f"prompt.text={TRICKY}"], None),
+    }[form]
+    proc = specpipe(["model=tiny-random", "max_tokens=3", *args], tmp_path, input=stdin)
+    assert proc.returncode == 0, proc.stderr
+    text, _ = _run_config(run_dir(tmp_path))
+    assert text == TRICKY  # the snapshot holds the text itself, so a re-run needs no file
+    (started,) = [e for e in read_events(run_dir(tmp_path) / "events.jsonl") if type(e).__name__ == "RunStarted"]
+    assert started.prompt_text == TRICKY
+
+
+@pytest.mark.parametrize("args, words", [
+    (["prompt.file=missing.txt"], "prompt file missing.txt does not exist"),
+    (["--prompt"], "--prompt needs a value"),
+    (["one", "--prompt", "two"], "two prompts given"),
+    (["-m", "--cfg", "job"], "cannot be combined"),
+])
+def test_bad_prompt_input_is_one_line(tmp_path, args, words):
+    proc = specpipe(["model=tiny-random", *args], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9")
+    proc = specpipe(["model=tiny-random", "prompt.file=bad.txt"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not UTF-8" in proc.stderr, proc.stderr
+
+
+def test_rerun_of_a_snapshot_reproduces_its_tokens(tmp_path):
+    first = specpipe(["model=tiny-random", "max_tokens=12", "sampling=sample", "sampling.seed=7", TRICKY], tmp_path)
+    assert first.returncode == 0, first.stderr
+    import shutil
+
+    original = tmp_path / "kept-run"
+    shutil.copytree(run_dir(tmp_path), original)
+    text, tokens = _run_config(original)
+    for how in (["--rerun", str(original)], ["--config-dir", str(original / ".hydra"), "--config-name", "config"]):
+        for s in tmp_path.glob("outputs/*/*/summary.json"):  # keep run_dir() unambiguous
+            s.parent.rename(tmp_path / f"done-{s.parent.name}-{len(list(tmp_path.glob('done-*')))}")
+        again = specpipe(how, tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert _run_config(run_dir(tmp_path)) == (text, tokens), how
+
+
+def test_rerun_of_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+    proc = specpipe(["--rerun", str(tmp_path)], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not a run folder" in proc.stderr
+
+
+def test_tab_completion_installs_and_answers(tmp_path):
+    # What `eval "$(specpipe --shell-completion install=bash)"` then Tab does, in a real bash.
+    bin_dir = Path(sys.executable).parent
+    script = ('eval "$(specpipe --shell-completion install=bash)"; COMP_LINE="specpipe budget="; COMP_POINT=${#COMP_LINE}; '
+              'COMP_WORDS=(specpipe budget=); COMP_CWORD=1; hydra_bash_completion; echo "${COMPREPLY[@]}"')
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert {"budget=auto", "budget=fixed", "budget=adaptive"} <= set(proc.stdout.split()), proc.stdout + proc.stderr
+    assert "unknown config key" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags", [["--info"], ["--cfg", "job"], ["-cn", "config", "--cfg", "job"], ["preset=quick", "--cfg", "job"]])
+def test_hydra_flags_work(tmp_path, flags):
+    proc = specpipe(flags, tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip()
+
+
+@pytest.mark.parametrize("args, code", [(["budget=auto", "budget.k=16"], 2), (["model.path=/does/not/exist.gguf"], 1)])
+def test_a_run_that_fails_before_generating_leaves_no_run_folder(tmp_path, args, code):
+    proc = specpipe(["model=tiny-random", *args], tmp_path)
+    assert proc.returncode == code, proc.stderr
+    assert list(tmp_path.glob("outputs/*/*")) == []
