@@ -147,3 +147,21 @@ def test_nothing_found_gives_install_hint(monkeypatch):
     assert "apt-get install libopenblas0-pthread" in info.notice and "pip install mkl" in info.notice
     assert "no optimised BLAS found" in info.notice
     assert "\n" not in info.notice
+
+
+WAIT_POLICY = """
+import json, os
+from specpipe.engine.blas import preload_blas
+info = preload_blas()
+print(json.dumps({"name": info.name, "layer": os.environ.get("MKL_THREADING_LAYER"), "wait": os.environ.get("OMP_WAIT_POLICY")}))
+"""
+
+
+def test_mkl_gnu_threads_sleep_instead_of_spinning():
+    # Spinning OpenMP threads starve the feeding thread on a busy machine (decode 1.5 vs 13+ tok/s).
+    out = _run(WAIT_POLICY, SPECPIPE_BLAS="mkl", OMP_WAIT_POLICY=None, MKL_THREADING_LAYER="GNU")
+    if out["name"] != "mkl":
+        pytest.skip("no MKL in this environment")
+    assert out["wait"] == "PASSIVE"
+    kept = _run(WAIT_POLICY, SPECPIPE_BLAS="mkl", OMP_WAIT_POLICY="ACTIVE", MKL_THREADING_LAYER="GNU")
+    assert kept["wait"] == "ACTIVE"  # a user's own choice is kept
