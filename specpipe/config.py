@@ -264,7 +264,7 @@ register_drafters_extra()
 
 # ---------------------------------------------------------------- --help
 
-APPS = {"config": "specpipe", "bench": "specpipe-bench", "train_drafter": "specpipe-train-drafter"}
+APPS = {"config": "specpipe", "bench": "specpipe-bench", "train_drafter": "specpipe-train-drafter", "serve": "specpipe-serve"}
 
 
 def help_groups(primary: str) -> str:

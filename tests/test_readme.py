@@ -20,15 +20,17 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 MODULES = {"specpipe": "specpipe.cli", "specpipe-bench": "specpipe.bench", "specpipe-calibrate": "specpipe.calibrate_cli",
            "specpipe-train-drafter": "specpipe.train_drafter", "specpipe-chat": "tui.cli",
-           "specpipe-models": "specpipe.engine.model_store", "specpipe-bench-report": "specpipe.bench_report"}
+           "specpipe-models": "specpipe.engine.model_store", "specpipe-bench-report": "specpipe.bench_report",
+           "specpipe-serve": "specpipe.serve.cli"}
 NEEDS_DOWNLOAD = re.compile(r"qwen|real-pair|/path/to|fetch ")
 TINY = ["model=tiny-random", "+model.tiny.num_hidden_layers=16"]
-SLOW = ("specpipe-calibrate", "specpipe-train-drafter", "specpipe-chat")  # minutes, or interactive: compose only
+# minutes, interactive, or serving until stopped (tests/test_server.py runs it): compose only
+SLOW = ("specpipe-calibrate", "specpipe-train-drafter", "specpipe-chat", "specpipe-serve")
 # Lines whose documented prerequisite a fresh machine lacks: they must fail with this one-line advice.
 PREREQUISITE = {"draft=mtp": "specpipe-train-drafter"}
 
 
-CONFIG_NAME = {"specpipe-bench": "bench", "specpipe-train-drafter": "train_drafter"}  # else "config"
+CONFIG_NAME = {"specpipe-bench": "bench", "specpipe-train-drafter": "train_drafter", "specpipe-serve": "serve"}  # else "config"
 
 
 def readme_commands(path: Path = README) -> list[str]:
@@ -43,6 +45,7 @@ def docs_commands() -> list[str]:
 
 def compose(words: list[str]) -> str | None:
     """The config check `specpipe ... --cfg job` does, in this process: a one-line message or None."""
+    import specpipe.serve.config  # noqa: F401  (the serve schema)
     from specpipe.cli import _flags_first, rerun_args, validate_overrides
     from specpipe.prompt_args import expand_prompt_args
 

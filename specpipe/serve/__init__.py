@@ -1,0 +1,1 @@
+"""`specpipe-serve`: an OpenAI-compatible HTTP server over one speculative Session."""

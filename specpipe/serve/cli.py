@@ -1,0 +1,92 @@
+"""`specpipe-serve`: the Hydra app over conf/serve.yaml. Loads the Session once, then serves the
+OpenAI API on `host:port` until SIGINT / SIGTERM (exit 130 / 143, one line).
+
+Every finished request is one line of `requests.jsonl` in the run folder (tokens, finish reason,
+time queued, acceptance, tokens per forward, decode tok/s, TTFT). Requests are decoded one at a
+time (batch 1); concurrent requests wait in a bounded queue (`queue=16`).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import specpipe.serve.config  # noqa: F401  (registers serve_schema before any compose)
+from specpipe.cli import EXIT_CONFIG, EXIT_RUN, _fail, _preload_blas, prepare_argv
+
+TOOL = "specpipe-serve"
+
+
+def main() -> None:
+    _preload_blas()
+    prepare_argv("serve", TOOL, prompts=False)
+    import hydra
+
+    import specpipe.config  # noqa: F401
+
+    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="serve")(_task)()
+
+
+def _task(cfg) -> None:
+    _preload_blas()
+    from specpipe.errors import SpecpipeError
+    from specpipe.runner import _hydra_dir
+    from specpipe.serve.http import ServeState, make_server
+    from specpipe.serve.worker import GenerationWorker
+    from specpipe.session import Session
+
+    if not 0 <= cfg.port <= 65535:
+        _fail(f"port={cfg.port}: choose 1..65535 (0: any free port)", EXIT_CONFIG, TOOL)
+    try:
+        session = Session(cfg)
+    except SpecpipeError as exc:
+        _fail(str(exc), EXIT_RUN, TOOL)
+    except KeyboardInterrupt:
+        _fail("interrupted while loading the model", 130, TOOL)
+    out = Path(_hydra_dir() or "outputs/serve/last")
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = open(out / "requests.jsonl", "a", encoding="utf-8")
+    lock = threading.Lock()
+
+    def log(record: dict) -> None:
+        with lock:
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+
+    worker = GenerationWorker(session, max_waiting=cfg.queue)
+    try:
+        server = make_server(ServeState(session, worker, session.target.info.name, log), cfg.host, cfg.port)
+    except OSError as exc:
+        _fail(f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
+              EXIT_CONFIG, TOOL)
+    host, port = server.server_address[:2]
+    stopped = {}
+
+    def stop(signum, _frame):
+        stopped["signal"] = signum
+        threading.Thread(target=server.shutdown, daemon=True).start()  # shutdown() waits for serve_forever
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    info = session.target.info
+    print(f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, budget={session.budget_label()}; "
+          f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); requests -> {out / 'requests.jsonl'}",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        worker.close()
+        log_file.close()
+    sig = stopped.get("signal")
+    if sig is not None:
+        name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+        print(f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}", file=sys.stderr)
+        sys.exit(143 if sig == signal.SIGTERM else 130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""The schema of `conf/serve.yaml`: the pipeline groups plus where and how to listen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from specpipe.config import PipelineGroups, PromptConfig
+
+
+@dataclass
+class ServeConfig(PipelineGroups):
+    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(text=""))  # chat template use; text unused
+    host: str = "127.0.0.1"  # loopback only unless asked: the API has no authentication
+    port: int = 8000  # 0: any free port (printed on start)
+    max_tokens: int = 256  # a request's default; a request may ask for up to max_tokens_limit
+    max_tokens_limit: int = 4096
+    queue: int = 16  # requests waiting beyond this get 503 (retry later) instead of an unbounded wait
+    stream: bool = False  # unused by the server (kept for the Session's config view)
+
+
+ConfigStore.instance().store(name="serve_schema", node=ServeConfig)

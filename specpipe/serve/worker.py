@@ -1,0 +1,116 @@
+"""One thread owns the Session and decodes queued requests one at a time (batch 1).
+
+`GenerationWorker(session).submit(job)` queues a `Job`; the worker runs the pipeline for it and
+puts `("delta", text)` pieces, then one `("done", Finished)` (or `("error", message)`) on the job's
+own queue, so an HTTP thread can stream them. Stop strings are cut here: text that could still
+grow into a stop string is held back until it cannot. Never touches HTTP.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Finished:
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) | "length" (max_tokens) | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    stats: dict  # the run's figures: acceptance, tokens per forward, decode tok/s, TTFT ...
+    queue_s: float  # waited before decoding started
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+    out: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the client went away
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class QueueFull(Exception):
+    """More requests wait than the server was configured to hold."""
+
+
+class GenerationWorker:
+    def __init__(self, session, max_waiting: int = 16):
+        self.session = session
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self._thread = threading.Thread(target=self._loop, name="specpipe-generate", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting") from None
+
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ the decoding thread
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if job.cancelled.is_set():
+                continue
+            try:
+                self._run(job)
+            except Exception as exc:  # one request's failure must not stop the server
+                job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+
+    def _run(self, job: Job) -> None:
+        from specpipe.events import Emitted, RunFinished
+        from specpipe.pipeline import RunControl
+
+        started = time.perf_counter()
+        control = RunControl()
+        text, sent, stopped_at = "", 0, None
+        hold = max((len(s) for s in job.stop), default=1) - 1  # a stop string may still be forming
+        finished = None
+        for event in self.session.generate(job.prompt_ids, max_tokens=job.max_tokens, control=control):
+            if job.cancelled.is_set():
+                control.stop_requested = True
+            if isinstance(event, Emitted) and stopped_at is None:
+                text += event.text
+                stopped_at = _first_stop(text, job.stop)
+                if stopped_at is not None:
+                    control.stop_requested = True  # the rest of this step is discarded
+                    text = text[:stopped_at]
+                safe = len(text) if stopped_at is not None else max(sent, len(text) - hold)
+                if safe > sent:
+                    job.out.put(("delta", text[sent:safe]))
+                    sent = safe
+            elif isinstance(event, RunFinished):
+                finished = event
+        if finished is None:  # pragma: no cover - the pipeline always ends with RunFinished
+            job.out.put(("error", "the run ended without a result"))
+            return
+        if len(text) > sent:
+            job.out.put(("delta", text[sent:]))
+        reason = {"eos": "stop", "max_tokens": "length"}.get(finished.stop_reason, "stop")
+        if job.cancelled.is_set():
+            reason = "cancelled"
+        s = finished.stats
+        stats = {"drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
+                 "tokens_per_forward": s.tokens_per_forward, "target_forwards": s.target_forwards,
+                 "decode_tok_s": s.decode_tok_s, "ttft_s": s.ttft_s}
+        job.out.put(("done", Finished(text=text, finish_reason=reason, prompt_tokens=len(job.prompt_ids),
+                                      completion_tokens=s.generated_tokens, stats=stats,
+                                      queue_s=started - job.submitted)))
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    """Index where the earliest stop string starts in `text`, or None. ("ab.cd", [".", "c"]) -> 2."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None

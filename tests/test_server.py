@@ -1,0 +1,132 @@
+"""`specpipe-serve` over real HTTP: a real server process, a real client (urllib), the packaged SmolLM2.
+
+Greedy answers through speculative decoding equal the same server's model decoding alone
+(draft=none), for concurrent requests too; streaming concatenates to the whole answer; stop
+strings cut; bad requests are one-line 400s; SIGTERM exits 143 with every request logged.
+Traffic goes to 127.0.0.1 only, a handful of bounded requests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+PROMPTS = [
+    "Rename the variable `items` to `values`:\n\ndef total(items):\n    return sum(item for item in items)",
+    "Add a docstring:\n\ndef square(x):\n    return x * x",
+    "Write the word hello three times.",
+]
+
+
+class Server:
+    def __init__(self, cwd: Path, *overrides: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=24", *overrides],
+                                     cwd=cwd, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()  # the start line names the port
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        assert match, line + (self.proc.stderr.read() if self.proc.poll() is not None else "")
+        self.base = f"http://127.0.0.1:{match.group(1)}"
+        self.log = Path(line.rsplit("requests -> ", 1)[1].strip())
+
+    def post(self, path: str, body: dict, timeout: float = 300):
+        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read().decode()
+                return resp.status, raw
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def chat(self, prompt: str, **extra) -> dict:
+        status, raw = self.post("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], **extra})
+        assert status == 200, raw
+        return json.loads(raw)
+
+    def stop(self, sig=signal.SIGTERM) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        _, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, smollm2_gguf):
+    cwd = tmp_path_factory.mktemp("serve")
+    spec = Server(cwd, "draft=ngram", "budget.k=8")
+    plain = Server(cwd, "draft=none")
+    yield spec, plain
+    for s in (spec, plain):
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def test_concurrent_speculative_answers_equal_plain_decoding(servers):
+    spec, plain = servers
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(spec.chat, PROMPTS))
+    for prompt, answer in zip(PROMPTS, answers):
+        alone = plain.chat(prompt)
+        assert answer["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+        assert answer["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"]
+    assert sum(a["specpipe"]["accepted"] for a in answers) > 0  # speculation really happened
+    assert max(a["specpipe"]["queue_s"] for a in answers) > 0  # batch 1: the others waited their turn
+
+
+def test_streaming_concatenates_to_the_whole_answer(servers):
+    spec, _ = servers
+    whole = spec.chat(PROMPTS[0])["choices"][0]["message"]["content"]
+    status, raw = spec.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}], "stream": True})
+    assert status == 200
+    events = [line[len("data: "):] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and "usage" in chunks[-1]
+
+
+def test_stop_string_and_plain_completions(servers):
+    spec, plain = servers
+    whole = plain.chat(PROMPTS[0])["choices"][0]["message"]["content"]
+    stop = whole[5:8]
+    cut = spec.chat(PROMPTS[0], stop=[stop])
+    assert cut["choices"][0]["message"]["content"] == whole[: whole.index(stop)]
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    status, raw = spec.post("/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 8})
+    text_spec = json.loads(raw)["choices"][0]["text"]
+    status2, raw2 = plain.post("/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 8})
+    assert status == status2 == 200 and text_spec == json.loads(raw2)["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/v1/chat/completions", {"messages": []}, "messages is empty"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "temperature=0.7"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens=0"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "unknown role"),
+    ("/v1/completions", {"prompt": 3}, "invalid request"),
+    ("/v1/nothing", {}, "no route"),
+])
+def test_bad_requests_are_one_line(servers, path, body, words):
+    spec, _ = servers
+    status, raw = spec.post(path, body)
+    assert status in (400, 404)
+    message = json.loads(raw)["error"]["message"]
+    assert words in message and "\n" not in message
+
+
+def test_sigterm_stops_with_every_request_logged(servers):
+    spec, plain = servers
+    for server in (spec, plain):
+        code, err = server.stop()
+        assert code == 143 and "Traceback" not in err and "stopped (SIGTERM)" in err
+        lines = [json.loads(line) for line in server.log.read_text().splitlines()]
+        assert lines and all(r["finish_reason"] in ("stop", "length") for r in lines)
