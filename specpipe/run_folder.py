@@ -92,6 +92,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from other users
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -146,3 +147,35 @@ def fresh_dir_resolver(path: str) -> str:
 
 
 _fresh: dict[str, str] = {}
+
+
+def reserve_space(folder: Path, size: int = 64 * 1024) -> Path | None:
+    """Hold `size` bytes (or the most of 64/16/4 KiB that fits) in a hidden file, so that
+    when the disk fills up during a run, freeing it makes room for the summary."""
+    path = Path(folder) / ".summary-reserve"
+    for n in (size, 16 * 1024, 4 * 1024):
+        try:
+            with open(path, "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, n) if hasattr(os, "posix_fallocate") else f.write(b"\0" * n)
+            return path
+        except OSError:
+            continue
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    return None
+
+
+def free_space(reserved: Path | None) -> None:
+    if reserved is not None:
+        try:
+            reserved.unlink()
+        except OSError:
+            pass
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

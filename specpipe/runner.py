@@ -23,7 +23,7 @@ from specpipe import signals
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
 from specpipe.metrics import StatsCollector
-from specpipe.run_folder import claim, write_atomic
+from specpipe.run_folder import claim, free_space, reserve_space, write_atomic
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -69,6 +69,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
         writer = EventWriter(out / "events.jsonl")
     except OSError as exc:
         raise SpecpipeError(f"cannot write {out / 'events.jsonl'} ({exc.strerror}): choose another {option}=<folder>") from exc
+    spare = reserve_space(out)  # freed before the summary is written: room for it on a disk that filled up
     events = session.generate(prompt_ids, prompt_text=cfg.prompt.text)
 
     collector = StatsCollector()
@@ -111,14 +112,21 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
     if writer.failed is not None:
         result.error = f"cannot write to {out} ({writer.failed.strerror}) after {len(result.tokens)} tokens"
     kept = []
+    free_space(spare)
     with signals.deferred(then_raise=False):  # the run is over: a late signal must not cost its summary
-        try:
-            write_atomic(out / "summary.json", msgspec.json.format(msgspec.json.encode(result), indent=2))
-            kept.append("summary.json")
-            if not _hydra_dir():
+        # the whole summary; if the disk has no room for it, the figures without the tokens (events.jsonl has them)
+        for summary in (result, msgspec.structs.replace(result, text="", tokens=[])):
+            try:
+                write_atomic(out / "summary.json", msgspec.json.format(msgspec.json.encode(summary), indent=2))
+                kept.append("summary.json" if summary is result else "summary.json (figures only)")
+                break
+            except SpecpipeError:
+                continue
+        if not _hydra_dir():
+            try:
                 write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg).encode())
-        except SpecpipeError:
-            pass
+            except SpecpipeError:
+                pass
     if writer.failed is not None:
         what = " and ".join([f"{writer.lines} whole lines of events.jsonl"] + kept)
         result.error += f": kept {what}; free some space or choose another {option}=<folder>"
