@@ -320,3 +320,7 @@ def main() -> None:
             _fail(f"stopped by {signals.name()} before training started; nothing was saved", signals.exit_code())
 
     hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="train_drafter")(task)()
+
+
+if __name__ == "__main__":
+    main()
