@@ -6,7 +6,8 @@ Contract: `run_bench(cfg, results)` appends one JSONL line per (config,
 prompt) to `results` as soon as it is measured, each with the resolved
 config, its hash and both runs' figures; it flags (never fails on) greedy
 token mismatches. `main()` is the Hydra app over `conf/bench.yaml`: user
-errors are one line on stderr (config 2, run 1, Ctrl-C 130) as in cli.py.
+errors are one line on stderr (config 2, run 1, Ctrl-C 130, SIGTERM 143,
+SIGHUP 129) as in cli.py; a stop keeps every finished prompt's record.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specpipe.cli import EXIT_INTERRUPTED, EXIT_RUN, _preload_blas, prepare_argv
+from specpipe.cli import _preload_blas, prepare_argv
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
@@ -29,6 +30,9 @@ _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one proce
 
 
 def main() -> None:
+    from specpipe import signals
+
+    signals.install()  # SIGTERM / SIGHUP stop between prompts as Ctrl-C does
     _preload_blas()
     prepare_argv("bench", "specpipe-bench", prompts=False)
     import hydra
@@ -40,15 +44,18 @@ def main() -> None:
 
 def _task(cfg) -> None:
     _preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped main()
+    from specpipe import signals
     from specpipe.errors import SpecpipeError
 
     results = Path(cfg.results) if cfg.results else _hydra_results_dir() / RESULTS_NAME
     try:
         records = run_bench(cfg, results)
     except SpecpipeError as exc:
-        _fail(str(exc), EXIT_RUN)
+        _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        _fail(f"interrupted: every finished prompt is in {results} (rerun with resume=true results={results})", EXIT_INTERRUPTED)
+        kept = (f"every finished prompt is in {results} (rerun with resume=true results={results})"
+                if results.exists() else "no prompt had finished; nothing was written")
+        _fail(f"stopped by {signals.name()}: {kept}", signals.exit_code())
     bad = sum(not r["tokens_match"] for r in records)
     flag = f", {bad} TOKEN MISMATCHES (see the report)" if bad else ""
     print(f"specpipe-bench: {len(records)} prompts measured{flag} -> {results}", file=sys.stderr)
@@ -84,6 +91,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     """
     from omegaconf import OmegaConf
 
+    from specpipe import signals
     from specpipe.bench_measure import measure_mlx_lm, measure_specpipe
     from specpipe.bench_records import ResultsFile, config_hash, first_mismatch, load_suite
     from specpipe.errors import SpecpipeError
@@ -183,7 +191,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             for run in (a["sweep"] or {}).values():
                 run["speedup"] = _ratio(run["decode_tok_s"], a["plain"]["decode_tok_s"])
             record["anchor"] = a
-        out.append(record)
+        with signals.deferred():  # a stop never cuts a record line in half
+            out.append(record)
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
     return records

@@ -10,7 +10,6 @@ Same config and overrides as `specpipe` (model, draft, quant, ...);
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)

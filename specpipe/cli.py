@@ -2,7 +2,8 @@
 call `runner.run(cfg)`, print the stream and a summary line.
 
 Every user error ends as one line on stderr and a non-zero exit, never a
-traceback: config errors exit 2, model/run errors exit 1, Ctrl-C exits 130.
+traceback: config errors exit 2, model/run errors exit 1, Ctrl-C exits 130,
+SIGTERM 143, SIGHUP 129, a closed stdout pipe 141 (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ EXIT_CONFIG, EXIT_RUN, EXIT_INTERRUPTED = 2, 1, 130
 
 
 def main() -> None:
+    from specpipe import signals
+
+    signals.install()  # SIGTERM / SIGHUP stop a run as Ctrl-C does
     _preload_blas()
-    argv = prepare_argv("config", "specpipe")
+    prepare_argv("config", "specpipe")
     import hydra
 
     import specpipe.config  # noqa: F401  (registers the schemas)
@@ -24,6 +28,7 @@ def main() -> None:
 
 def _task(cfg) -> None:
     _preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped main()
+    from specpipe import signals
     from specpipe.errors import SpecpipeError
     from specpipe.runner import run
 
@@ -32,13 +37,15 @@ def _task(cfg) -> None:
         result = run(cfg, on_event=printer)
     except SpecpipeError as exc:
         _drop_empty_run_folder()
-        _fail(str(exc), EXIT_RUN)
+        _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         _drop_empty_run_folder()
-        _fail("interrupted before generation started; nothing was written", EXIT_INTERRUPTED)
+        _fail(f"stopped by {signals.name()} before generation started; nothing was written", signals.exit_code())
+    if result.error:  # the run folder could not be written (disk full): the line says what was kept
+        _fail(result.error, EXIT_RUN)
     print(summary_line(result), file=sys.stderr)
     if result.stop_reason == "interrupted":
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(signals.exit_code())
 
 
 def _drop_empty_run_folder() -> None:
@@ -89,7 +96,9 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
     if not _is_hydra_meta(argv):
         config_dir = _flag_value(argv, "-cp", "--config-path")
         name = _flag_value(argv, "-cn", "--config-name") or config_name
-        message = validate_overrides(argv, name, tool, config_dir=config_dir)
+        from specpipe.run_folder import claim_override
+
+        message = validate_overrides(argv, name, tool, config_dir=config_dir) or claim_override(argv)
         if message:
             _fail(message, EXIT_CONFIG, tool)
     return argv
@@ -152,7 +161,10 @@ def validate_overrides(overrides: list[str], config_name: str = "config", tool: 
     from omegaconf.errors import OmegaConfBaseException
 
     import specpipe.config  # noqa: F401
+    from specpipe.preflight import check_config, check_overrides_text
 
+    if check_overrides_text(overrides):
+        return check_overrides_text(overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     plain = [o for o in _overrides_only(overrides) if not o.startswith("hydra.") and not o.startswith("hydra/")]
     init = (initialize_config_dir(config_dir=config_dir, version_base=None) if config_dir
@@ -162,10 +174,13 @@ def validate_overrides(overrides: list[str], config_name: str = "config", tool: 
         with init:
             for job in jobs:
                 try:
-                    compose(config_name=config_name, overrides=job)
+                    cfg = compose(config_name=config_name, overrides=job)
+                    message = check_config(cfg)
                 except (HydraException, OmegaConfBaseException) as exc:
+                    message = describe_config_error(exc)
+                if message:
                     where = f" (in the sweep job {' '.join(job)})" if len(jobs) > 1 else ""
-                    return describe_config_error(exc).replace("`specpipe --cfg", f"`{tool} --cfg") + where
+                    return message.replace("`specpipe --cfg", f"`{tool} --cfg") + where
     except (HydraException, OmegaConfBaseException) as exc:  # the sweep syntax itself
         return describe_config_error(exc)
     return None
@@ -284,19 +299,27 @@ class TerminalPrinter:
             print(f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
                   f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}", file=sys.stderr)
         elif isinstance(event, Emitted) and self.stream:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+            self._write(event.text)
         elif isinstance(event, RunFinished):
-            if not self.stream:
-                sys.stdout.write(event.text)
-            sys.stdout.write("\n")
+            self._write(("" if self.stream else event.text) + "\n")
+
+    @staticmethod
+    def _write(text: str) -> None:
+        from specpipe import signals
+
+        try:
+            sys.stdout.write(text)
             sys.stdout.flush()
+        except BrokenPipeError:  # `specpipe ... | head`: the reader left; stop as a signal would, keeping the run
+            signals.note_broken_pipe()
+            raise KeyboardInterrupt from None
 
 
 def summary_line(result) -> str:
     s = result.stats
+    by = f" by {result.interrupted_by}" if getattr(result, "interrupted_by", "") else ""
     return (
-        f"-- {s.generated_tokens} tokens ({result.stop_reason}) | acceptance {s.acceptance_rate:.0%} "
+        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}) | acceptance {s.acceptance_rate:.0%} "
         f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
         f"TTFT {s.ttft_s:.2f}s | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
         f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS | {result.output_dir}"

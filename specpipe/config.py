@@ -291,6 +291,9 @@ def register_help_resolvers() -> None:
 
     OmegaConf.register_new_resolver("specpipe_groups", help_groups, replace=True)
     OmegaConf.register_new_resolver("specpipe_app", app_name, replace=True)
+    from specpipe.run_folder import fresh_dir_resolver
+
+    OmegaConf.register_new_resolver("specpipe_fresh_dir", fresh_dir_resolver, replace=True)
 
 
 def app_name(primary: str) -> str:

@@ -7,6 +7,7 @@ so old recordings stay readable. Nothing here imports mlx.
 
 from __future__ import annotations
 
+import os
 from typing import Union
 
 import msgspec
@@ -160,17 +161,42 @@ EVENT_TYPES = (RunStarted, PrefillDone, Drafted, Verified, RolledBack, Emitted, 
 
 
 class EventWriter:
-    """Appends events to a JSONL file, one encoder reused for every line."""
+    """Appends events to a JSONL file, one encoder reused for every line.
+
+    Each line reaches the file whole as it is written (no buffer held back),
+    so a crash keeps every event before it. A failed write (disk full) cuts
+    the file back to its last whole line and raises the OSError; the writer
+    then refuses further lines (`failed` holds the error).
+    """
 
     def __init__(self, path):
-        self._file = open(path, "wb")
+        self._file = open(path, "wb", buffering=0)
         self._encoder = msgspec.json.Encoder()
         self._buffer = bytearray()
+        self._good = 0  # bytes of whole lines on disk
+        self.lines = 0
+        self.failed: OSError | None = None
 
     def write(self, event: Event) -> None:
+        if self.failed is not None:
+            raise self.failed
         self._encoder.encode_into(event, self._buffer)
         self._buffer.extend(b"\n")
-        self._file.write(self._buffer)
+        view = memoryview(self._buffer)
+        try:
+            while view:  # a raw write may be short: loop until the whole line is down
+                view = view[self._file.write(view):]
+        except OSError as exc:
+            self.failed = exc
+            try:
+                os.ftruncate(self._file.fileno(), self._good)
+            except OSError:
+                pass
+            raise
+        finally:
+            view.release()
+        self._good += len(self._buffer)
+        self.lines += 1
 
     def close(self) -> None:
         self._file.close()
@@ -183,6 +209,24 @@ class EventWriter:
 
 
 def read_events(path) -> list[Event]:
-    """Decode a recorded `events.jsonl`."""
+    """Decode a recorded `events.jsonl` (every line must be whole)."""
     with open(path, "rb") as f:
         return msgspec.json.Decoder(Event).decode_lines(f.read())
+
+
+def read_recording(path) -> tuple[list[Event], str | None]:
+    """Decode `events.jsonl` as a crash may have left it: a torn last line (no newline,
+    not valid JSON) is skipped. Returns the events and a notice when one was skipped;
+    a bad line anywhere else still raises msgspec.DecodeError / ValidationError."""
+    with open(path, "rb") as f:
+        data = f.read()
+    decoder = msgspec.json.Decoder(Event)
+    if data and not data.endswith(b"\n"):
+        head, _, tail = data.rpartition(b"\n")
+        events = decoder.decode_lines(head + b"\n" if head else b"")
+        try:
+            return events + decoder.decode_lines(tail), None
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return events, (f"skipped a torn last line in {path} ({len(tail)} bytes: the run was cut off "
+                            f"while writing it); replaying the {len(events)} whole events before it")
+    return decoder.decode_lines(data), None

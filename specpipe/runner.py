@@ -2,7 +2,10 @@
 
 Loads the models, instantiates the plug-ins named by the config, streams the
 pipeline's events into `events.jsonl` (and the terminal), and writes
-`summary.json` into the run folder. Raises SpecpipeError for bad input.
+`summary.json` into the run folder, which it locks first. Each event line is
+on disk as soon as it happens and the summary is renamed into place, so a
+stop (Ctrl-C, SIGTERM, SIGHUP, a closed pipe) or a full disk keeps every
+whole line and, where it fits, the summary. Raises SpecpipeError for bad input.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from typing import Callable
 import msgspec
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe import signals
+from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
 from specpipe.metrics import StatsCollector
+from specpipe.run_folder import claim, free_space, reserve_space, write_atomic
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -35,6 +41,8 @@ class RunResult(msgspec.Struct, kw_only=True):
     versions: dict[str, str] = {}
     device: dict[str, str] = {}
     output_dir: str = ""
+    interrupted_by: str = ""  # "SIGTERM", "Ctrl-C (SIGINT)", ... when stop_reason is "interrupted"
+    error: str = ""  # set when the run folder could not be written (disk full); what was kept is said there
 
 
 def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[Event], None] | None = None) -> RunResult:
@@ -43,47 +51,95 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
     Args:
         cfg: the composed config (conf/config.yaml).
         out_dir: where events.jsonl and summary.json go (default: Hydra's run
-            folder, else cfg.output_dir, else ./outputs/last).
+            folder, else cfg.output_dir, else ./outputs/last). The folder is
+            locked for this process first (ConfigError when another run holds it).
         on_event: called with every event as it happens (terminal printer, TUI).
+
+    Returns:
+        The result; `error` is set (and the run cut short) when the run folder
+        could not be written (disk full): whatever could be kept was kept.
     """
     from specpipe.session import Session
 
-    out = Path(out_dir or cfg.get("output_dir") or _hydra_dir() or "outputs/last")
+    option = "output_dir" if cfg.get("output_dir") else "hydra.run.dir"
+    out = claim(out_dir or cfg.get("output_dir") or _hydra_dir() or "outputs/last", option)
     session = Session(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     prompt_ids = session.encode()
+    try:
+        writer = EventWriter(out / "events.jsonl")
+    except OSError as exc:
+        raise SpecpipeError(f"cannot write {out / 'events.jsonl'} ({exc.strerror}): choose another {option}=<folder>") from exc
+    spare = reserve_space(out)  # freed before the summary is written: room for it on a disk that filled up
     events = session.generate(prompt_ids, prompt_text=cfg.prompt.text)
 
     collector = StatsCollector()
     finished: RunFinished | None = None
-    with EventWriter(out / "events.jsonl") as writer:
+    with writer:
         try:
             for event in events:
-                writer.write(event)
-                collector.consume(event)
-                if on_event:
-                    on_event(event)
-                if isinstance(event, RunFinished):
-                    finished = event
+                with signals.deferred():  # each event recorded, counted and shown whole, or not at all
+                    if isinstance(event, RunFinished):
+                        finished = event
+                    writer.write(event)
+                    collector.consume(event)
+                    if on_event:
+                        on_event(event)
         except KeyboardInterrupt:
-            # Ctrl-C landed outside the pipeline (while printing): keep what we have.
+            pass  # a stop landed outside the pipeline (recording, printing): keep what we have
+        except OSError:
+            if writer.failed is None:
+                raise
+            # the disk filled up: the file ends at its last whole line; the summary says what was kept
+        finally:
             events.close()
         if finished is None:
-            finished = RunFinished(stop_reason="interrupted", token_ids=collector.token_ids, text=collector.text, stats=collector.stats())
-            writer.write(finished)
-            if on_event:
-                on_event(finished)
+            finished = RunFinished(
+                stop_reason="error" if writer.failed else "interrupted", token_ids=collector.token_ids,
+                text=collector.text, stats=collector.stats(),
+            )
+            with signals.deferred(then_raise=False):  # already stopping: a second signal changes nothing
+                _try_write(writer, finished)
+                if on_event:
+                    on_event(finished)
 
     result = RunResult(
         text=finished.text, tokens=finished.token_ids, stop_reason=finished.stop_reason, stats=finished.stats,
         target=session.target.info, draft=session.draft_info, drafter=session.drafter.name,
         budget=session.budget_label(), rollback=session.rollback.name, compare=session.comparator.name,
         seed=cfg.sampling.seed, versions=versions(), device=device(), output_dir=str(out),
+        interrupted_by=signals.name() if finished.stop_reason == "interrupted" else "",
     )
-    (out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2))
-    if not _hydra_dir():
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    if writer.failed is not None:
+        result.error = f"cannot write to {out} ({writer.failed.strerror}) after {len(result.tokens)} tokens"
+    kept = []
+    free_space(spare)
+    with signals.deferred(then_raise=False):  # the run is over: a late signal must not cost its summary
+        # the whole summary; if the disk has no room for it, the figures without the tokens (events.jsonl has them)
+        for summary in (result, msgspec.structs.replace(result, text="", tokens=[])):
+            try:
+                write_atomic(out / "summary.json", msgspec.json.format(msgspec.json.encode(summary), indent=2))
+                kept.append("summary.json" if summary is result else "summary.json (figures only)")
+                break
+            except SpecpipeError:
+                continue
+        if not _hydra_dir():
+            try:
+                write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+            except SpecpipeError:
+                pass
+    if writer.failed is not None:
+        what = " and ".join([f"{writer.lines} whole lines of events.jsonl"] + kept)
+        result.error += f": kept {what}; free some space or choose another {option}=<folder>"
+    elif not kept:
+        result.error = f"cannot write {out / 'summary.json'}: the events are in {out / 'events.jsonl'}; free some space"
     return result
+
+
+def _try_write(writer: EventWriter, event: Event) -> None:
+    try:
+        writer.write(event)
+    except OSError:
+        pass  # writer.failed says so; the file still ends with a whole line
 
 
 def _hydra_dir() -> str | None:

@@ -10,21 +10,36 @@ seed give the same tokens run after run. Temperature 0 means greedy.
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 
 from specpipe.errors import SpecpipeError
 
 
+SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int = 0) -> str | None:
+    """One line saying what is wrong with these sampling values, or None. No mlx: preflight uses it too."""
+    if not math.isfinite(temperature) or temperature < 0:
+        return f"sampling.temperature={temperature} is {'negative' if temperature < 0 else 'not a finite number'}: use 0 (greedy) or more"
+    if top_k < 0:
+        return f"sampling.top_k={top_k} is negative: use 0 (off) or a positive count"
+    if not 0.0 < top_p <= 1.0:  # False for nan too
+        return f"sampling.top_p={top_p} is out of range: use a value in (0, 1]"
+    if not 0.0 <= min_p < 1.0:
+        return f"sampling.min_p={min_p} is out of range: use a value in [0, 1)"
+    if not 0 <= seed <= SEED_MAX:
+        return f"sampling.seed={seed} is out of range: seeds are 0..{SEED_MAX} (2^64 - 1)"
+    return None
+
+
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0):
-        if temperature < 0:
-            raise SpecpipeError(f"sampling.temperature={temperature} is negative: use 0 (greedy) or more")
-        if top_k < 0:
-            raise SpecpipeError(f"sampling.top_k={top_k} is negative: use 0 (off) or a positive count")
-        if not 0.0 < top_p <= 1.0:
-            raise SpecpipeError(f"sampling.top_p={top_p} is out of range: use a value in (0, 1]")
-        if not 0.0 <= min_p < 1.0:
-            raise SpecpipeError(f"sampling.min_p={min_p} is out of range: use a value in [0, 1)")
+        message = check_sampling(temperature, top_k, top_p, min_p, seed)
+        if message:
+            raise SpecpipeError(message)
         self.temperature, self.top_k, self.top_p, self.min_p, self.seed = temperature, top_k, top_p, min_p, seed
         self.reset()
 

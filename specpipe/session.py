@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, RunStarted
+from specpipe.preflight import check_text
 from specpipe.sampling import Sampler
 from specpipe.stages.bonus import GreedyBonus, SampledBonus
 from specpipe.stages.compare import GreedyComparator
@@ -63,12 +64,17 @@ class Session:
     def encode(self, text: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Prompt ids from the config's prompt, a text, or chat messages."""
         p = self.cfg.prompt
+        for value, key in ((text, "the prompt"), (p.text if text is None and messages is None else None, "prompt.text")):
+            message = check_text(value, key)  # e.g. a prompt file or stdin with non-UTF-8 bytes
+            if message:
+                raise SpecpipeError(message)
         if messages is not None:
             ids = self.target.encode_messages(messages)
         else:
             ids = self.target.encode_prompt(p.text if text is None else text, p.chat, p.system)
         if not ids:
             raise SpecpipeError("the prompt is empty: give a prompt, e.g. prompt.text='Hello'")
+        self.target.check_prompt_fits(len(ids))
         return ids
 
     def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Iterator[Event]:

@@ -16,6 +16,7 @@ continue where it stopped. Same seed, same data order, same head.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import sysconfig
@@ -33,7 +34,9 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from specpipe.drafters.layerskip import llama_parts  # noqa: E402
 from specpipe.drafters.mtp_head import default_head_dir, new_head, save_head  # noqa: E402
-from specpipe.errors import SpecpipeError  # noqa: E402
+from specpipe import signals  # noqa: E402
+from specpipe.errors import EXIT_CONFIG, SpecpipeError  # noqa: E402
+from specpipe.run_folder import write_atomic  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
 
@@ -114,7 +117,8 @@ def precompute(inner, lm_head, stream, n_seqs: int, chunk: int, path: Path, log)
         raise SpecpipeError("the corpus gave no sequences: point corpus= at a folder of text or code files")
     data = {k: mx.concatenate(v) for k, v in parts.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path), data)
+    with signals.deferred():  # a cache cut in half would be loaded by the next run
+        _save_atomic(path, data)
     return data
 
 
@@ -208,50 +212,80 @@ def train(cfg) -> Path:
         "hidden_size": int(inner.norm.weight.shape[0]), "block_from_layer": layer_idx,
         "train": {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in ("model", "quant")},
     }
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     t0, losses = time.perf_counter(), []
     columns = [TextColumn("training MTP head"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, transient=False) as bar:
+    saved = step
+    with Progress(*columns, transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task("train", total=cfg.steps, completed=step, loss="-")
-        while step < cfg.steps:
-            idx = mx.array(order[step * cfg.batch : (step + 1) * cfg.batch])
-            key = mx.random.key(cfg.seed * 100003 + step)  # per step, so a resumed run draws the same rows
-            pick_b = mx.random.randint(0, cfg.batch, (cfg.ce_positions,), key=key)
-            pick_t = mx.random.randint(0, cfg.seq_len - cfg.unroll, (cfg.ce_positions,), key=mx.random.split(key)[1])
-            batch = (data["tokens"][idx], data["hidden"][idx].astype(mx.float32), data["labels"][idx], pick_b, pick_t)
-            loss, grads = loss_and_grad(head, *batch)
-            opt.update(head, grads)
-            mx.eval(head.parameters(), opt.state, loss)
-            step += 1
-            losses.append(loss.item())
-            bar.update(task, completed=step, loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                agree = held_out_agreement(head, inner, lm_head, data, held[:16])
-                _save_state(state_dir, head, opt, step)
-                save_head(head, out, {**meta, "steps": step, "loss": losses[-1], "held_out_agreement": agree})
-                if not bar.console.is_terminal:  # logs and pipes get a line per checkpoint
-                    print(f"step {step}/{cfg.steps} loss {losses[-1]:.3f} held-out agreement {_pct(agree)} "
-                          f"{time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        try:
+            while step < cfg.steps:
+                idx = mx.array(order[step * cfg.batch : (step + 1) * cfg.batch])
+                key = mx.random.key(cfg.seed * 100003 + step)  # per step, so a resumed run draws the same rows
+                pick_b = mx.random.randint(0, cfg.batch, (cfg.ce_positions,), key=key)
+                pick_t = mx.random.randint(0, cfg.seq_len - cfg.unroll, (cfg.ce_positions,), key=mx.random.split(key)[1])
+                batch = (data["tokens"][idx], data["hidden"][idx].astype(mx.float32), data["labels"][idx], pick_b, pick_t)
+                with signals.deferred():  # head, optimizer and step move together: a stop lands between steps
+                    loss, grads = loss_and_grad(head, *batch)
+                    opt.update(head, grads)
+                    mx.eval(head.parameters(), opt.state, loss)
+                    step += 1
+                    losses.append(loss.item())
+                bar.update(task, completed=step, loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+                if step % cfg.save_every == 0 or step == cfg.steps:
+                    agree = held_out_agreement(head, inner, lm_head, data, held[:16])
+                    with signals.deferred():
+                        _save_state(state_dir, head, opt, step)
+                        save_head(head, out, {**meta, "steps": step, "loss": losses[-1], "held_out_agreement": agree})
+                        saved = step
+                    if not bar.console.is_terminal:  # logs and pipes get a line per checkpoint
+                        print(f"step {step}/{cfg.steps} loss {losses[-1]:.3f} held-out agreement {_pct(agree)} "
+                              f"{time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        except KeyboardInterrupt:
+            with signals.deferred(then_raise=False):
+                if step > saved:
+                    _save_state(state_dir, head, opt, step)
+                    save_head(head, out, {**meta, "steps": step, "loss": losses[-1], "held_out_agreement": []})
+            where = f"checkpoint at step {step}/{cfg.steps} in {state_dir}" if step else "no step was trained"
+            raise TrainingStopped(f"{where}; rerun the same command to resume") from None
     agree = held_out_agreement(head, inner, lm_head, data, held)
-    save_head(head, out, {**meta, "steps": step, "loss": losses[-1] if losses else None, "held_out_agreement": agree,
-                          "held_out_sequences": len(held), "seconds": round(time.perf_counter() - t0, 1)})
+    with signals.deferred(then_raise=False):  # training is done: a late stop must not cut the head file
+        save_head(head, out, {**meta, "steps": step, "loss": losses[-1] if losses else None, "held_out_agreement": agree,
+                              "held_out_sequences": len(held), "seconds": round(time.perf_counter() - t0, 1)})
     print(f"held-out top-1 agreement with the target, chained steps 1..{len(agree)}: {_pct(agree)} ({len(held)} sequences)",
           file=sys.stderr)
     print(f"saved MTP head ({step} steps) to {out}: run with draft=mtp" + (f" draft.head={out}" if cfg.out else ""), file=sys.stderr)
     return out
 
 
+def _fail(message: str, code: int) -> None:
+    print(f"specpipe-train-drafter: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def _pct(values: list[float]) -> str:
     return " / ".join(f"{v:.0%}" for v in values) if values else "n/a (under 32 sequences)"
 
 
+class TrainingStopped(Exception):
+    """A stop signal ended training; the message says what was saved."""
+
+
 def _save_state(folder: Path, head, opt, step: int) -> None:
+    """Head, optimizer, then state.json (the step), each through a temp file + rename."""
     folder.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(folder / "head.safetensors"), dict(tree_flatten(head.parameters())))
-    mx.save_safetensors(str(folder / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-    (folder / "state.json").write_text(json.dumps({"step": step}) + "\n")
+    _save_atomic(folder / "head.safetensors", dict(tree_flatten(head.parameters())))
+    _save_atomic(folder / "optimizer.safetensors", dict(tree_flatten(opt.state)))
+    write_atomic(folder / "state.json", (json.dumps({"step": step}) + "\n").encode())
+
+
+def _save_atomic(path: Path, arrays: dict) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp.safetensors")
+    mx.save_safetensors(str(tmp), arrays)
+    os.replace(tmp, path)
 
 
 def _load_state(folder: Path, head, opt) -> int:
@@ -261,16 +295,32 @@ def _load_state(folder: Path, head, opt) -> int:
 
 
 def main() -> None:
-    """Console entry: Hydra app over conf/train_drafter.yaml; errors become one line."""
+    """Console entry: Hydra app over conf/train_drafter.yaml; errors become one line (docs/faults.md)."""
     import hydra
 
     import specpipe.config  # noqa: F401  (registers the schemas)
+    from specpipe.cli import _is_hydra_meta, validate_overrides
+    from specpipe.run_folder import claim_override
+
+    signals.install()  # SIGTERM / SIGHUP stop training as Ctrl-C does: checkpoint, one line
+    argv = sys.argv[1:]
+    if not _is_hydra_meta(argv):
+        message = validate_overrides(argv, config_name="train_drafter", tool="specpipe-train-drafter") or claim_override(argv)
+        if message:
+            _fail(message, EXIT_CONFIG)
 
     def task(cfg) -> None:
         try:
             train(cfg)
         except SpecpipeError as exc:
-            print(f"specpipe-train-drafter: {exc}", file=sys.stderr)
-            sys.exit(1)
+            _fail(str(exc), exc.exit_code)
+        except TrainingStopped as exc:
+            _fail(f"stopped by {signals.name()}: {exc}", signals.exit_code())
+        except KeyboardInterrupt:
+            _fail(f"stopped by {signals.name()} before training started; nothing was saved", signals.exit_code())
 
     hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="train_drafter")(task)()
+
+
+if __name__ == "__main__":
+    main()

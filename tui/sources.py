@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from specpipe.events import Event, EventWriter, RunFinished, RunStarted, read_events
+from specpipe.events import Event, EventWriter, RunFinished, RunStarted, read_recording
 from specpipe.metrics import StatsCollector
 
 
@@ -85,7 +85,13 @@ class ReplaySource:
 
     @classmethod
     def from_file(cls, path: str | Path, speed: float = 1.0) -> ReplaySource:
-        return cls(read_events(path), speed)
+        """A recording as a crash or full disk may leave it: a torn last line is skipped, with a notice on stderr."""
+        events, notice = read_recording(path)
+        if notice:
+            import sys
+
+            print(f"specpipe-chat: {notice}", file=sys.stderr)
+        return cls(events, speed)
 
     def prompts(self) -> list[str]:
         return [e.prompt_text for e in self.events if isinstance(e, RunStarted)]

@@ -81,14 +81,49 @@ class Engine:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Rows of logits a forward returns (the embedding's row count; may exceed the tokenizer's)."""
+        return _model_arg(self.model, "vocab_size")
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model was trained for (None: no fixed limit, e.g. recurrent models)."""
+        return _model_arg(self.model, "max_position_embeddings")
+
+    def check_prompt_fits(self, n_prompt: int) -> None:
+        """Refuse a prompt that leaves no room in the model's context (SpecpipeError)."""
+        limit = self.context_length
+        if limit and n_prompt >= limit:
+            from specpipe.errors import SpecpipeError
+
+            raise SpecpipeError(
+                f"the prompt is {n_prompt} tokens but {self.info.name}'s context is {limit} tokens: "
+                "shorten the prompt, or use a model with a longer context"
+            )
+
+
+def _model_arg(model, name: str) -> int | None:
+    """An mlx-lm ModelArgs field, also from a nested text_config (multimodal configs)."""
+    args = getattr(model, "args", None)
+    value = getattr(args, name, None)
+    if value is None:
+        text = getattr(args, "text_config", None) or {}
+        value = text.get(name) if isinstance(text, dict) else getattr(text, name, None)
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
 
 def same_vocabulary(a: Engine, b: Engine) -> str | None:
     """Compare two tokenizers token by token.
 
     Returns:
-        None when every token string maps to the same id in both, else a short
-        description of the first difference (for the error message).
+        None when both score the same number of tokens and every token string
+        maps to the same id in both, else a short description of the first
+        difference (for the error message).
     """
+    if a.vocab_size and b.vocab_size and a.vocab_size != b.vocab_size:
+        # same tokenizer, different logit widths: sampling cannot compare p and q, greedy emits ids one side lacks
+        return f"{a.vocab_size} vs {b.vocab_size} token scores per position"
     va, vb = a.tokenizer.get_vocab(), b.tokenizer.get_vocab()
     if va == vb:
         return None

@@ -150,11 +150,28 @@ def read_header(path: str | Path) -> tuple[dict, dict[str, _TensorInfo]]:
         except (ValueError, OSError) as exc:
             raise SpecpipeError(f"cannot map {path}: {exc}; check the file is readable") from exc
     try:
-        return _parse(buf)
+        meta, tensors = _parse(buf)
+        size = len(buf)
     except (struct.error, IndexError, UnicodeDecodeError, KeyError, ValueError) as exc:
         raise SpecpipeError(f"{path} is a truncated or corrupt GGUF file ({exc}); download it again") from exc
     finally:
         buf.close()
+    needed = max((_tensor_end(t) for t in tensors.values()), default=0)
+    if needed > size:
+        raise SpecpipeError(
+            f"{path} is truncated: its tensors need {needed} bytes but the file has {size} "
+            f"({size / needed:.0%}); download or copy it again"
+        )
+    return meta, tensors
+
+
+def _tensor_end(t: _TensorInfo) -> int:
+    """The byte just past tensor `t` in the file (0 for a type the gguf package does not know)."""
+    try:
+        byte_shape = quants.quant_shape_to_byte_shape(t.shape, GGMLQuantizationType(t.ggml_type))
+    except (ValueError, KeyError):
+        return 0
+    return t.offset + int(np.prod(byte_shape))
 
 
 def _parse(buf) -> tuple[dict, dict[str, _TensorInfo]]:

@@ -16,10 +16,12 @@ from mlx.utils import tree_flatten
 
 from specpipe.engine.build import apply_precision, build_model, weight_dtype
 from specpipe.engine.engine import Engine
-from specpipe.errors import SpecpipeError
+from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import ModelInfo
 
 TINY = "tiny-random"
+# Packaged models whose architecture engine/gguf.py cannot build yet: refused before downloading them.
+UNSUPPORTED_PACKAGED = {"gemma3-270m": "gemma3"}
 
 
 def load_engine(
@@ -62,6 +64,14 @@ def _load_packaged(name: str) -> Engine:
     if name not in model_store.PACKAGED_MODELS:
         known = ", ".join(sorted(model_store.PACKAGED_MODELS) + [TINY])
         raise SpecpipeError(f"unknown model {name!r}: choose one of {known}, or set model.path=<file.gguf|folder>")
+    if name in UNSUPPORTED_PACKAGED:
+        from specpipe.engine.gguf import SUPPORTED_ARCHS
+
+        usable = ", ".join(n for n in sorted(model_store.PACKAGED_MODELS) if n not in UNSUPPORTED_PACKAGED)
+        raise ConfigError(
+            f"model {name!r} has the {UNSUPPORTED_PACKAGED[name]} architecture, which the GGUF reader cannot build yet "
+            f"(it reads {', '.join(SUPPORTED_ARCHS)}): choose one of {usable}, or model=tiny-random model.arch={UNSUPPORTED_PACKAGED[name]}_text"
+        )
     gguf_path = model_store.model_path(name)
     sha = model_store.PACKAGED_MODELS[name].sha256
     return _load_gguf(gguf_path, name=name, source="packaged", sha256=sha)
@@ -103,7 +113,11 @@ def _load_folder(path: Path, name: str) -> Engine:
         model, config = load_model(path)
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except (FileNotFoundError, ValueError) as exc:
-        raise SpecpipeError(f"cannot load model folder {path}: {exc}") from exc
+        raise SpecpipeError(f"cannot load model folder {path}: {_first_line(exc)}") from exc
+    except (RuntimeError, OSError) as exc:  # e.g. "[load_safetensors] Invalid json header length"
+        raise SpecpipeError(
+            f"cannot load model folder {path}: a weight file is corrupt or incomplete ({_first_line(exc)}); copy it again"
+        ) from exc
     digest = hashlib.sha256()
     for f in sorted(path.glob("*.safetensors")):
         digest.update(file_sha256(f).encode())
@@ -125,6 +139,10 @@ def _load_tiny(arch: str, seed: int, overrides: dict) -> Engine:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _with_precision(info: ModelInfo, model) -> ModelInfo:

@@ -1,0 +1,174 @@
+"""Checks the composed config can decide alone, run before any model loads
+(so they exit 2, like a typo in an override, instead of 1 after a load).
+
+Contract: `check_config(cfg) -> str | None` takes a composed config of any
+app (specpipe, specpipe-bench, specpipe-train-drafter) and returns one
+actionable line for the first problem, or None. It catches keys the schema
+does not have (`+budget.kk=3`), numbers that are not finite, seeds outside
+0..2^64-1, out-of-range counts, sampling values, budgets, and prompt text
+that is not valid Unicode. It never loads a model or touches a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+from specpipe.errors import SpecpipeError
+
+SEED_MAX = 2**64 - 1  # mlx.random.key takes an unsigned 64-bit seed
+
+# key -> (lowest allowed, highest allowed or None, what to do): counts whose range needs no model
+RANGES = {
+    "max_tokens": (1, None, "ask for at least one token"),
+    "limit": (1, None, "give a number of prompts, or leave it null for all"),
+    "repeats": (1, None, "measure each prompt at least once (repeats=1, or 3 on a noisy machine)"),
+    "sequences": (1, None, "train on at least one sequence"),
+    "steps": (1, None, "train for at least one step"),
+    "batch": (1, None, "use at least one sequence per step"),
+    "seq_len": (4, None, "use sequences of at least 4 tokens"),
+    "chunk": (1, None, "precompute at least one sequence per chunk"),
+    "unroll": (1, None, "train at least one chained step"),
+    "ce_positions": (1, None, "sample at least one position for cross-entropy"),
+    "ce_weight": (0, None, "use a weight of 0 or more"),
+    "lr": (0, None, "use a positive learning rate"),
+    "warmup": (0, None, "use 0 or more warm-up steps"),
+    "save_every": (1, None, "checkpoint every 1 or more steps"),
+    "max_files": (1, None, "read at least one file"),
+    "answers": (0, 1, "give the share of answer sequences, 0.0..1.0"),
+    "draft.window": (1, None, "look back over at least one token"),
+    "draft.depth": (1, None, "draft with at least one layer"),
+    "rollback.max_snapshot_mb": (0, None, "give a size in MiB, 0 or more"),
+}
+
+
+def check_config(cfg: DictConfig) -> str | None:
+    """The first problem the config alone shows, as one line; None when there is none."""
+    for check in (_unknown_keys, _numbers, _ranges, _sampling, _plugins, _prompt):
+        message = check(cfg)
+        if message:
+            return message
+    return None
+
+
+def check_text(text: str | None, key: str) -> str | None:
+    """A message when `text` holds bytes that are not UTF-8 (argv decodes them to lone surrogates)."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start].encode("utf-8", "surrogateescape")
+        return (f"{key} has bytes that are not UTF-8 (byte {bad!r} at character {exc.start}): "
+                "re-encode the text as UTF-8 (e.g. iconv -t UTF-8)")
+    return None
+
+
+def check_overrides_text(overrides: list[str]) -> str | None:
+    """Non-UTF-8 bytes in an override (Hydra's lexer would answer with a grammar error)."""
+    for override in overrides:
+        message = check_text(override, f"the override {override.split('=', 1)[0]}")
+        if message:
+            return message
+    return None
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _unknown_keys(cfg: DictConfig, prefix: str = "") -> str | None:
+    """`+group.key=value` adds keys Hydra does not check; a typed node must know every key it holds."""
+    schema = OmegaConf.get_type(cfg)
+    if dataclasses.is_dataclass(schema):
+        known = {f.name for f in dataclasses.fields(schema)}
+        for key in cfg.keys():
+            if key not in known:
+                options = ", ".join(sorted(k for k in known if not k.startswith("_")))
+                return (f"unknown config key '{prefix}{key}': check the spelling; "
+                        f"{prefix.rstrip('.') or 'the top level'} has {options}")
+    for key in cfg.keys():
+        if OmegaConf.is_missing(cfg, key):
+            continue
+        node = cfg[key]
+        if isinstance(node, DictConfig):
+            message = _unknown_keys(node, f"{prefix}{key}.")
+            if message:
+                return message
+    return None
+
+
+def _leaves(cfg, prefix: str = ""):
+    """(dotted key, value) for every resolved leaf."""
+    items = cfg.items() if isinstance(cfg, dict) else enumerate(cfg)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            yield from _leaves(value, name + ".")
+        else:
+            yield name, value
+
+
+def _plain(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+def _numbers(cfg: DictConfig) -> str | None:
+    for key, value in _leaves(_plain(cfg)):
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{key}={value} is not a finite number: give a plain value (e.g. {key}=0.5)"
+        if key.split(".")[-1] == "seed" and isinstance(value, int) and not 0 <= value <= SEED_MAX:
+            return f"{key}={value} is out of range: seeds are 0..{SEED_MAX} (2^64 - 1)"
+    return None
+
+
+def _ranges(cfg: DictConfig) -> str | None:
+    for key, (low, high, advice) in RANGES.items():
+        value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value < low or (high is not None and value > high) or (key == "lr" and value == 0):
+            return f"{key}={value} is out of range: {advice}"
+    if "seq_len" in cfg and "unroll" in cfg and cfg.seq_len <= cfg.unroll + 1:
+        return f"seq_len={cfg.seq_len} with unroll={cfg.unroll}: need seq_len > unroll + 1"
+    return None
+
+
+def _sampling(cfg: DictConfig) -> str | None:
+    if "sampling" not in cfg:
+        return None
+    from specpipe.sampling import check_sampling
+
+    s = cfg.sampling
+    return check_sampling(s.temperature, s.top_k, s.top_p, s.min_p)
+
+
+def _plugins(cfg: DictConfig) -> str | None:
+    """Build the plug-ins whose constructors need only their config (budgets, n-gram) to run their own checks."""
+    from hydra.utils import instantiate
+
+    for group in ("budget", "draft"):
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        if group == "draft" and node.get("name") != "ngram":
+            continue  # other drafters need the loaded target to check their options
+        try:
+            instantiate(node)()
+        except SpecpipeError as exc:
+            return str(exc)
+        except Exception:  # noqa: BLE001  (needs runtime objects: Session checks it after loading)
+            continue
+    return None
+
+
+def _prompt(cfg: DictConfig) -> str | None:
+    for key in ("prompt.text", "prompt.system", "suite.system"):
+        value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        if isinstance(value, str):
+            message = check_text(value, key)
+            if message:
+                return message
+    return None
+

@@ -1,0 +1,460 @@
+"""Fault injection: concurrent runs, full disks, stop signals, broken pipes,
+corrupt model files and bad values. Each test asserts the one line the user
+sees, the exit code, and what was kept. docs/faults.md lists every fault with
+the test that checks it (test_the_fault_table_names_a_test_for_every_row)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specpipe.events import RunFinished, read_events, read_recording
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model=tiny-random", "prompt.text=ab ab ab ab"]
+# big enough that a step takes milliseconds, so a signal lands mid-generation
+SLOW_TINY = ["model=tiny-random", "+model.tiny.num_hidden_layers=8", "+model.tiny.hidden_size=256",
+             "+model.tiny.intermediate_size=1024", "draft=none", "prompt.text=hi"]
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def start(module: str, args: list[str], cwd: Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=ENV, text=True,
+        stdout=kw.pop("stdout", subprocess.PIPE), stderr=subprocess.PIPE,
+        # a runner started in the background may ignore SIGINT; the child must not inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw,
+    )
+
+
+def run_cli(args: list[str], cwd: Path, module: str = "specpipe.cli") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def error_line(stderr: str, tool: str = "specpipe") -> str:
+    """The stderr of a failed command must be exactly one line (no traceback): return it."""
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr and len(lines) == 1, stderr
+    assert lines[0].startswith(f"{tool}: error: "), lines[0]
+    return lines[0]
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def assert_kept(folder: Path, stop_reason: str) -> dict:
+    """summary.json says `stop_reason` and matches events.jsonl, whose every line is whole."""
+    summary = json.loads((folder / "summary.json").read_text())
+    events = read_events(folder / "events.jsonl")
+    assert summary["stop_reason"] == stop_reason
+    assert isinstance(events[-1], RunFinished) and events[-1].token_ids == summary["tokens"]
+    return summary
+
+
+# ---------------------------------------------------------------- run folders
+
+
+def test_concurrent_runs_into_one_folder(tmp_path):
+    folder = tmp_path / "D"
+    first = start("specpipe.cli", [*SLOW_TINY, "max_tokens=300", f"hydra.run.dir={folder}"], tmp_path, stdout=subprocess.DEVNULL)
+    wait_for(lambda: (folder / "events.jsonl").exists())
+    second = run_cli([*TINY, "max_tokens=8", "sampling=sample", "sampling.seed=2", f"hydra.run.dir={folder}"], tmp_path)
+    assert second.returncode == 2
+    assert "in use by another run" in error_line(second.stderr)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    summary = assert_kept(folder, "max_tokens")
+    assert len(summary["tokens"]) == 300 and summary["seed"] == 0  # the first run's, untouched
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    from specpipe.run_folder import claim_fresh, release
+
+    a = claim_fresh(tmp_path / "12-00-00")
+    b = claim_fresh(tmp_path / "12-00-00")  # the default folder's name is the same within one second
+    assert (a.name, b.name) == ("12-00-00", "12-00-00-2")
+    release(a), release(b)
+
+
+def test_unwritable_run_folder(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    for folder in ("/proc/x", str(tmp_path / "a-file" / "run")):
+        proc = run_cli([*TINY, f"hydra.run.dir={folder}"], tmp_path)
+        assert proc.returncode == 2
+        assert "cannot create the run folder" in error_line(proc.stderr)
+
+
+def test_read_only_run_folder(tmp_path):
+    from specpipe.errors import ConfigError
+    from specpipe.run_folder import claim
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    os.chmod(folder, 0o500)
+    try:
+        if os.access(folder, os.W_OK):  # root ignores permissions: a read-only mount is the real case
+            if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k", "tmpfs", str(folder)], capture_output=True).returncode:
+                pytest.skip("running as root without mount: cannot make a folder read-only")
+        with pytest.raises(ConfigError, match="is not writable"):
+            claim(folder)
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+        os.chmod(folder, 0o700)
+
+
+# ---------------------------------------------------------------- full disk
+
+
+class FullDisk:
+    """A file object that takes `room` bytes, then fails as a full disk does: a short write, then ENOSPC."""
+
+    def __init__(self, real, room: int):
+        self.real, self.room = real, room
+
+    def write(self, data) -> int:
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = self.real.write(bytes(data[: self.room]))
+        self.room -= n
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("room", [3000, 20000])
+def test_injected_enospc_keeps_whole_lines_and_the_summary(tmp_path, monkeypatch, room):
+    from hydra import compose, initialize_config_module
+
+    import specpipe.config  # noqa: F401
+    from specpipe import runner
+    from specpipe.events import EventWriter
+
+    class FillingWriter(EventWriter):
+        def __init__(self, path):
+            super().__init__(path)
+            self._file = FullDisk(self._file, room)
+
+    monkeypatch.setattr(runner, "EventWriter", FillingWriter)
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=[*TINY, "max_tokens=200"])
+    result = runner.run(cfg, out_dir=tmp_path / "run")
+    assert "No space left on device" in result.error and "whole lines of events.jsonl" in result.error
+    data = (tmp_path / "run" / "events.jsonl").read_bytes()
+    assert data.endswith(b"\n") and len(data) <= room  # cut back to the last whole line
+    events = read_events(tmp_path / "run" / "events.jsonl")  # every line decodes
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["error"].startswith("cannot write")
+    emitted = [t for e in events if e.__class__.__name__ == "Emitted" for t in e.token_ids]
+    assert summary["tokens"] == emitted  # the summary holds what the kept lines hold
+
+
+def test_tiny_tmpfs_as_run_folder(tmp_path):
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root): test_injected_enospc_* covers the same path")
+    try:
+        proc = run_cli([*TINY, "max_tokens=300", f"hydra.run.dir={mnt / 'run'}"], tmp_path)
+        assert proc.returncode == 1
+        line = proc.stderr.strip().splitlines()[-1]
+        assert "No space left on device" in line and "kept" in line and "Traceback" not in proc.stderr
+        events = read_events(mnt / "run" / "events.jsonl")
+        summary = json.loads((mnt / "run" / "summary.json").read_text())
+        assert summary["stop_reason"] == "error" and len(events) > 3
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_replay_skips_a_torn_last_line(tmp_path):
+    proc = run_cli([*TINY, "max_tokens=8", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "r" / "events.jsonl"
+    whole = read_events(path)
+    path.write_bytes(path.read_bytes()[:-40])  # the last line cut mid-way, as a crash leaves it
+    events, notice = read_recording(path)
+    assert events == whole[:-1] and "torn last line" in notice
+    from tui.sources import ReplaySource
+
+    assert ReplaySource.from_file(path, speed=0).events == whole[:-1]
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join(lines[:2] + [b"{garbage"] + lines[2:]))  # a bad line in the middle is not torn
+    with pytest.raises(Exception):
+        read_recording(path)
+
+
+# ---------------------------------------------------------------- stop signals and pipes
+
+
+@pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGHUP, 129, "SIGHUP")])
+def test_stop_signal_during_generation(tmp_path, sig, code, name):
+    chars = random.Random(sig).randint(5, 60)  # a different point of the stream per signal, reproducibly
+    proc = start("specpipe.cli", [*SLOW_TINY, "max_tokens=100000", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    out = ""
+    while len(out) < chars:
+        out += proc.stdout.read(1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and lines[-1].startswith("-- ")  # one summary line ends the run
+    assert f"(interrupted by {name})" in lines[-1]
+    summary = assert_kept(tmp_path / "r", "interrupted")
+    assert summary["interrupted_by"] == name and len(summary["tokens"]) >= chars // 4
+
+
+def test_ctrl_c_reaches_a_long_prefill(tmp_path):
+    """A stop during prefill lands within a chunk (512 tokens), not after the whole prompt."""
+    big = ["model=tiny-random", "+model.tiny.num_hidden_layers=3", "+model.tiny.hidden_size=1024",
+           "+model.tiny.intermediate_size=4096", "+model.tiny.num_attention_heads=16", "+model.tiny.num_key_value_heads=4",
+           "+model.tiny.head_dim=64", "draft=none", "prompt.chat=false", "max_tokens=4"]
+    prompt = "".join(random.Random(0).choice("abcdefgh ") for _ in range(4000))
+    proc = start("specpipe.cli", [*big, f"prompt.text='{prompt}'", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    header = proc.stderr.readline()  # printed when generation starts, right before the prefill
+    assert header.startswith("specpipe: tiny-random"), header + proc.stderr.read()
+    time.sleep(0.3)
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    stopped_after = time.time() - t0
+    assert proc.returncode == 130, err
+    events = read_events(tmp_path / "r" / "events.jsonl")
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["RunStarted", "RunFinished"], kinds  # the prefill never finished
+    assert stopped_after < 60
+
+
+def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
+    proc = start("specpipe.cli", [*SLOW_TINY, "max_tokens=100000", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    proc.stdout.read(5)  # `specpipe ... | head -c 5`
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 141, err
+    assert "Traceback" not in err and "(interrupted by a closed stdout pipe)" in err.strip().splitlines()[-1]
+    assert_kept(tmp_path / "r", "interrupted")
+
+
+def test_stop_signal_during_bench(tmp_path):
+    args = ["model=tiny-random", "suite=code", "limit=6", "max_tokens=48", "anchor=false", "warmup=false",
+            f"hydra.run.dir={tmp_path / 'b'}"]
+    proc = start("specpipe.bench", args, tmp_path, stdout=subprocess.DEVNULL)
+    first = proc.stderr.readline()
+    while not first.startswith("[bench 1/"):
+        assert first, proc.stderr.read()
+        first = proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("specpipe-bench: error: stopped by SIGTERM: every finished prompt is in") and "Traceback" not in err
+    records = [json.loads(x) for x in (tmp_path / "b" / "bench.jsonl").read_text().splitlines()]
+    assert 1 <= len(records) < 6  # whole lines only, every finished prompt kept
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    rng = random.Random(0)
+    for n in range(10):  # the trainer reads 20k characters per file: ~600 sequences of 32 tokens each
+        (folder / f"m{n}.py").write_text("\n".join(f"def f{i}(x):\n    return x * {i} + {rng.randint(0, 99)}" for i in range(800)))
+    return folder
+
+
+def test_stop_signal_during_training_checkpoints_and_resumes(tmp_path, corpus):
+    head = tmp_path / "head"
+    args = ["model=tiny-random", f"corpus={corpus}", f"out={head}", "sequences=16", "seq_len=32", "save_every=100000",
+            f"hydra.run.dir={tmp_path / 't'}"]
+    proc = start("specpipe.train_drafter", [*args, "steps=100000"], tmp_path, stdout=subprocess.DEVNULL)
+    line = proc.stderr.readline()
+    while "target hidden states: 16/16" not in line:
+        assert line, proc.stderr.read()
+        line = proc.stderr.readline()
+    time.sleep(random.Random(1).uniform(1.0, 2.0))  # somewhere in the training steps
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith("specpipe-train-drafter: error: stopped by SIGTERM: checkpoint at step")
+    step = json.loads((head / "train_state" / "state.json").read_text())["step"]
+    assert step >= 1 and f"step {step}/100000" in last
+    again = run_cli([*args, f"steps={step + 2}", "hydra.run.dir=" + str(tmp_path / "t2")], tmp_path, "specpipe.train_drafter")
+    assert again.returncode == 0, again.stderr
+    assert f"resuming at step {step}" in again.stderr
+    assert json.loads((head / "train_state" / "state.json").read_text())["step"] == step + 2
+
+
+def test_ctrl_c_before_training_starts(tmp_path, corpus):
+    args = ["model=tiny-random", f"corpus={corpus}", f"out={tmp_path / 'head'}", "sequences=4000", "seq_len=32", "chunk=4",
+            f"hydra.run.dir={tmp_path / 't'}"]
+    proc = start("specpipe.train_drafter", args, tmp_path, stdout=subprocess.DEVNULL)
+    line = proc.stderr.readline()
+    while "target hidden states" not in line:  # inside the precompute
+        assert line, proc.stderr.read()
+        line = proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "specpipe-train-drafter: error: stopped by Ctrl-C (SIGINT) before training started; nothing was saved")
+    assert "Traceback" not in err
+    assert not list((tmp_path / "head").rglob("*.safetensors"))  # no half-written corpus cache
+
+
+def test_trainer_override_typo_is_one_line(tmp_path):
+    proc = run_cli(["model=tiny-random", "stepz=3"], tmp_path, "specpipe.train_drafter")
+    assert proc.returncode == 2
+    assert "unknown config key 'stepz'" in error_line(proc.stderr, "specpipe-train-drafter")
+    assert not (tmp_path / "outputs").exists()  # refused before Hydra made a run folder
+
+
+# ---------------------------------------------------------------- models
+
+
+def test_draft_and_target_vocab_sizes_differ(tmp_path):
+    proc = run_cli([*TINY, "+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "sampling=sample"], tmp_path)
+    assert proc.returncode == 1
+    assert "512 vs 259 token scores per position" in error_line(proc.stderr)
+
+
+def test_prompt_longer_than_the_context(tmp_path):
+    proc = run_cli(["model=tiny-random", "+model.tiny.max_position_embeddings=64", "prompt.chat=false",
+                    "prompt.text=" + "ab" * 50], tmp_path)
+    assert proc.returncode == 1
+    assert "the prompt is 100 tokens but tiny-random-llama's context is 64 tokens" in error_line(proc.stderr)
+
+
+def test_corrupt_safetensors_folder(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 259}))
+    (folder / "model.safetensors").write_bytes(random.Random(0).randbytes(3000))
+    proc = run_cli([f"model.path={folder}"], tmp_path)
+    assert proc.returncode == 1
+    assert "a weight file is corrupt or incomplete" in error_line(proc.stderr)
+
+
+def test_gguf_cut_in_half(tmp_path, smollm2_gguf):
+    half = tmp_path / "half.gguf"
+    with open(smollm2_gguf, "rb") as src:
+        half.write_bytes(src.read(os.path.getsize(smollm2_gguf) // 2))
+    proc = run_cli([f"model.path={half}"], tmp_path)
+    assert proc.returncode == 1
+    assert re.search(r"is truncated: its tensors need \d+ bytes but the file has \d+ \(50%\)", error_line(proc.stderr))
+
+
+def test_unsupported_packaged_model_is_refused_before_download(tmp_path, monkeypatch):
+    from specpipe.engine import loader, model_store
+    from specpipe.errors import ConfigError
+
+    monkeypatch.setattr(model_store, "model_path", lambda *a, **k: pytest.fail("downloaded before refusing"))
+    with pytest.raises(ConfigError, match="gemma3 architecture"):
+        loader.load_engine("gemma3-270m")
+
+
+# ---------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("+budget.kk=3", "unknown config key 'budget.kk'"),
+        ("budget.k=40", "budget.k=40 is out of range"),
+        ("sampling.seed=-1", "sampling.seed=-1 is out of range"),
+        (f"sampling.seed={2**64}", f"sampling.seed={2**64} is out of range"),
+        ("sampling.temperature=nan", "sampling.temperature=nan is not a finite number"),
+        ("prompt.text=a\udcffb", "has bytes that are not UTF-8"),
+    ],
+)
+def test_bad_values_exit_2_before_anything_loads(tmp_path, override, words):
+    from specpipe.cli import validate_overrides
+
+    assert words in validate_overrides(["model=tiny-random", override])
+    if override.startswith("sampling.seed=-"):  # and end to end: exit 2, one line, no run folder
+        proc = run_cli(["model=tiny-random", override], tmp_path)
+        assert proc.returncode == 2 and words in error_line(proc.stderr)
+        assert not (tmp_path / "outputs").exists()
+
+
+def test_non_utf8_prompt_bytes_from_the_shell(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", b"prompt.text=a\xffb"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "not UTF-8" in error_line(proc.stderr)
+
+
+NUMERIC_KEYS = {  # every numeric option of the schema, per the option that has it
+    "": ["max_tokens", "model.seed", "sampling.temperature", "sampling.top_k", "sampling.top_p", "sampling.min_p",
+         "sampling.seed", "budget.k", "draft.min_n", "draft.max_n", "draft.window"],
+    "budget=adaptive": ["budget.k", "budget.k_min", "budget.k_max"],
+    "budget=confidence": ["budget.k", "budget.p_min"],
+    "draft=layerskip": ["draft.depth"],
+}
+BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1, 0, 0.5, 1, 33, 2**64, -(2**63), 10**12]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_numeric_option_fails_cleanly_or_runs(data):
+    """Any value of any numeric option: one line from the pre-check, one line from the run, or a run."""
+    from hydra import compose, initialize_config_module
+
+    import specpipe.config  # noqa: F401
+    from specpipe.cli import validate_overrides
+    from specpipe.errors import SpecpipeError
+    from specpipe.session import Session
+
+    choice = data.draw(st.sampled_from(sorted(NUMERIC_KEYS)))
+    key = data.draw(st.sampled_from(NUMERIC_KEYS[choice]))
+    value = data.draw(st.sampled_from(BAD_NUMBERS))
+    overrides = ["model=tiny-random", "prompt.text=ab ab", *([choice] if choice else []), f"{key}={value}"]
+    message = validate_overrides(overrides)
+    if message:
+        assert "\n" not in message and "Traceback" not in message
+        return
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    try:
+        session = Session(cfg)
+        events = list(session.generate(session.encode(), max_tokens=2))
+    except SpecpipeError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert isinstance(events[-1], RunFinished) and events[-1].stop_reason in ("max_tokens", "eos")
+
+
+# ---------------------------------------------------------------- the table in docs/faults.md
+
+
+def test_the_fault_table_names_a_test_for_every_row():
+    """Each row of docs/faults.md names a test of this module that exists; each fault test has a row."""
+    import ast
+
+    table = (ROOT / "docs" / "faults.md").read_text().split("## Faults", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("|") and not set(line) <= set("|- ")]
+    named = [re.findall(r"`(test_\w+)`", row) for row in rows[1:]]  # rows[0] is the header
+    assert named and all(named), "every row of the fault table names its test"
+    tree = ast.parse(Path(__file__).read_text())
+    tests = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    listed = {t for ts in named for t in ts}
+    assert listed <= tests, f"the table names tests that do not exist: {sorted(listed - tests)}"
+    assert tests - listed == {"test_the_fault_table_names_a_test_for_every_row"}, f"no row for {sorted(tests - listed)}"
