@@ -40,7 +40,7 @@ def hydra_quote(text: str) -> str:
     become 2n + 1. Example: it's ${x} -> 'it\\'s \\${x}'.
     """
     s = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
-    s = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s)
+    s = re.sub(r"(\\+)(?='|\Z)", lambda m: m.group(1) * 2, s)  # \Z: $ also matches before a final newline
     return "'" + s.replace("'", "\\'") + "'"
 
 

@@ -126,6 +126,6 @@ def test_sigterm_stops_with_every_request_logged(servers):
     spec, plain = servers
     for server in (spec, plain):
         code, err = server.stop()
-        assert code == 143 and "Traceback" not in err and "stopped (SIGTERM)" in err
+        assert code == 143 and "Traceback" not in err and "stopped (SIGTERM)" in err, err
         lines = [json.loads(line) for line in server.log.read_text().splitlines()]
         assert lines and all(r["finish_reason"] in ("stop", "length") for r in lines)

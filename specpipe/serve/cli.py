@@ -9,6 +9,7 @@ time (batch 1); concurrent requests wait in a bounded queue (`queue=16`).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -84,8 +85,11 @@ def _task(cfg) -> None:
     sig = stopped.get("signal")
     if sig is not None:
         name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
-        print(f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}", file=sys.stderr)
-        sys.exit(143 if sig == signal.SIGTERM else 130)
+        print(f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Everything is written and closed. Skip interpreter teardown: with connection threads still
+        # alive, MLX / OpenMP destructors at exit have aborted the process (exit -6 instead of 143).
+        os._exit(143 if sig == signal.SIGTERM else 130)
 
 
 if __name__ == "__main__":
