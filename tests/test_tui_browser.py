@@ -7,7 +7,12 @@ Skips with a plain message where no Chromium is installed (CI machines). The
 browser may reach 127.0.0.1 only (`--host-resolver-rules`), every wait is
 bounded, and the browser and server are stopped whatever happens.
 
-SPECPIPE_BROWSER_SHOT=PATH keeps the last screenshot (docs/tui-web.png).
+SPECPIPE_BROWSER_SHOT=PATH keeps the screenshot once the answer has finished;
+docs/tui-web.png is made with a real model that way:
+
+    SPECPIPE_BROWSER_SHOT=docs/tui-web.png SPECPIPE_BROWSER_CHAT="model=smollm2-135m max_tokens=160" \
+    SPECPIPE_BROWSER_PROMPT="Write a Python function that reverses a string, then test it." \
+    python -m pytest -q tests/test_tui_browser.py
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed 
                                 "the browser test of specpipe-chat --web did not run")
 # The target drafts for itself: every draft is accepted, so the answer is mostly in the accepted colour.
 LIVE = ["model=tiny-random", "draft=model", "draft.model=self", "budget.k=4", "max_tokens=64"]
+CHAT = os.environ.get("SPECPIPE_BROWSER_CHAT", "").split() or LIVE
+PROMPT = os.environ.get("SPECPIPE_BROWSER_PROMPT", "Say hello")
 WINDOW = (1280, 800)
 
 
@@ -111,7 +118,7 @@ def coloured_pixels(image: np.ndarray, rgb: np.ndarray, tolerance: int = 12) -> 
 
 async def test_browser_types_a_prompt_and_sees_a_highlighted_answer():
     rgb = await accepted_rgb()
-    with web_server(*LIVE) as url, chromium() as devtools_port:
+    with web_server(*CHAT) as url, chromium() as devtools_port:
         async with aiohttp.ClientSession() as http:
             pages = await (await http.get(f"http://127.0.0.1:{devtools_port}/json/list", timeout=10)).json()
             page = next(p for p in pages if p["type"] == "page")
@@ -125,15 +132,26 @@ async def test_browser_types_a_prompt_and_sees_a_highlighted_answer():
                 before = coloured_pixels(await tools.screenshot(), rgb)
 
                 await tools.call("Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea').focus()")
-                await tools.call("Input.insertText", text="Say hello")
+                await tools.call("Input.insertText", text=PROMPT)
                 await tools.key("Enter", 13, "\r")
-                shot = await wait_until(tools.screenshot, lambda image: coloured_pixels(image, rgb) > before + 400, 90)
+                shot = await wait_until(tools.screenshot, lambda image: coloured_pixels(image, rgb) > before + 150, 90)
                 after = coloured_pixels(shot, rgb)
                 if os.environ.get("SPECPIPE_BROWSER_SHOT"):
-                    from PIL import Image
+                    await save_when_settled(tools, Path(os.environ["SPECPIPE_BROWSER_SHOT"]), timeout_s=300)
+    assert after > before + 150, f"accepted-colour pixels: {before} before the prompt, {after} after"
 
-                    Image.fromarray(shot.astype(np.uint8)).save(os.environ["SPECPIPE_BROWSER_SHOT"])
-    assert after > before + 400, f"accepted-colour pixels: {before} before the prompt, {after} after"
+
+async def save_when_settled(tools: DevTools, path: Path, timeout_s: float) -> None:
+    """Keep the page's screenshot once it stops changing for 3 s (the answer finished), bounded in time."""
+    shot = await tools.call("Page.captureScreenshot", format="png")
+    deadline, still_since = time.monotonic() + timeout_s, time.monotonic()
+    while time.monotonic() - still_since < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        new = await tools.call("Page.captureScreenshot", format="png")
+        if new["data"] != shot["data"]:
+            still_since = time.monotonic()
+        shot = new
+    path.write_bytes(base64.b64decode(shot["data"]))
 
 
 async def wait_until(probe, done, timeout_s: float):
