@@ -382,3 +382,31 @@ async def test_save_then_resume_continues_the_chat(tmp_path):
     started = [e for e in read_events(tmp_path / "resumed.jsonl") if isinstance(e, RunStarted)]
     decoded = source.session.target.decode(started[-1].prompt_ids)
     assert "first" in decoded and first_answer.strip()[:8] in decoded and decoded.rstrip().count("second") == 1
+
+
+async def test_config_groups_reach_the_run_as_in_the_cli(tmp_path):
+    """Sampling, budget and drafter overrides compose into the chat's Session as into `specpipe`'s."""
+    source = LiveSource(tiny_cfg("budget=adaptive", "sampling=sample", "sampling.seed=7", "compare=match", "max_tokens=6"),
+                        record_to=tmp_path / "events.jsonl")
+    app = ChatApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        assert "temperature" in app.screen.config_yaml and "adaptive" in app.screen.config_yaml  # before any answer
+        await pilot.press("escape")
+        await pilot.click("#prompt")
+        await pilot.press(*"hi", "enter")
+        await wait_for(pilot, lambda: app.control is None and len(app.messages) == 2)
+    source.close()
+    started = next(e for e in read_events(tmp_path / "events.jsonl") if isinstance(e, RunStarted))
+    assert started.budget.startswith("adaptive(") and started.seed == 7 and started.compare == "match"
+
+
+@pytest.mark.parametrize("args, words", [(["--resume", "STORY", "draft=none"], "keeps its groups"),
+                                         (["--resume", "missing.jsonl"], "cannot read")])
+def test_resume_errors_are_one_line(args, words):
+    import subprocess
+    import sys
+
+    args = [str(STORY) if a == "STORY" else a for a in args]
+    result = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr

@@ -22,7 +22,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
-from specpipe.events import Emitted, EventWriter, RunError, RunFinished, RunStarted
+from specpipe.events import Emitted, EventWriter, PrefillDone, RunError, RunFinished, RunStarted
 from specpipe.pipeline import RunControl
 from tui.figures import Figures
 from tui.messages import EventsArrived, GenerationEnded, GenerationFailed
@@ -169,7 +169,7 @@ class ChatApp(App):
                 self.answer.transcript.decode = self.source.decode  # the tokenizer exists once the model has loaded
                 self.answer.special = self.source.special
                 self.answer.consume(event)
-                self.answer.note = self.finish_note(event) or ("" if isinstance(event, RunStarted) else self.answer.note)
+                self.answer.note = self.progress_note(event, self.answer.note)
             if isinstance(event, RunFinished):
                 self.end_turn(event.text)
         self.redraw()
@@ -182,12 +182,17 @@ class ChatApp(App):
             self.messages.pop()
 
     @staticmethod
-    def finish_note(event) -> str:
+    def progress_note(event, note: str) -> str:
+        """The line under an answer: reading the prompt, then the stop reason or error (none after EOS)."""
+        if isinstance(event, RunStarted):
+            return f"reading the prompt ({len(event.prompt_ids)} tokens)..."
+        if isinstance(event, PrefillDone):
+            return ""
         if isinstance(event, RunFinished):
             return f"[{event.stop_reason}]" if event.stop_reason != "eos" else ""
         if isinstance(event, RunError):
             return f"error: {event.message}"
-        return ""
+        return note
 
     def on_generation_failed(self, message: GenerationFailed) -> None:
         if self.answer is not None:
