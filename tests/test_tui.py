@@ -410,3 +410,30 @@ def test_resume_errors_are_one_line(args, words):
     args = [str(STORY) if a == "STORY" else a for a in args]
     result = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
+
+
+async def test_quit_mid_answer_keeps_the_recording_whole(tmp_path):
+    source = LiveSource(tiny_cfg("max_tokens=100000"), record_to=tmp_path / "events.jsonl")
+    app = ChatApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.click("#prompt")
+        await pilot.press(*"go", "enter")
+        await wait_for(pilot, lambda: answers(app) and len(answers(app)[0].text) > 0)
+        await pilot.press("ctrl+q")
+        await pilot.pause(0.2)
+        assert not app.is_running
+    source.close()
+    recorded = read_events(tmp_path / "events.jsonl")
+    assert isinstance(recorded[-1], RunFinished) and recorded[-1].stop_reason == "stopped"
+
+
+async def test_browser_footer_offers_keys_a_browser_lets_through(monkeypatch):
+    """Browsers keep Ctrl+N / Ctrl+T; under --web F4 / F3 do those jobs and the footer says so."""
+    monkeypatch.setattr(ChatApp, "is_web", property(lambda self: True))
+    app = ChatApp(ReplaySource(scripted_events(), speed=0))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.control is None and answers(app))
+        shown = {b.binding.key for b in app.active_bindings.values() if b.binding.show and b.enabled}
+        assert {"f3", "f4"} <= shown and not {"ctrl+t", "ctrl+n"} & shown
+        await pilot.press("f3")
+        assert app.mode == "full"

@@ -11,6 +11,8 @@ under the chat (the screen gets the `-narrow` class).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from datetime import datetime
 from pathlib import Path
@@ -35,8 +37,10 @@ from tui.widgets.token_view import MODES
 
 FLUSH_S = 1 / 30  # coalesce fast streams: at most ~30 UI updates a second
 MAX_K = 64
+QUIT_WAIT_S = 5.0  # Ctrl+Q waits this long at most for the running step to end
 QUIT_AGAIN_S = 3.0  # a second Ctrl+C on an idle, empty prompt within this long quits
 GENERATING_ONLY = {"stop", "change_k_typed"}
+BROWSER_ONLY, BROWSER_REPLACED = {"web_new_chat", "web_cycle_view"}, {"new_chat", "cycle_view"}
 
 
 class ChatApp(App):
@@ -50,6 +54,9 @@ class ChatApp(App):
         Binding("ctrl+c", "interrupt", "Stop/Quit", show=False, priority=True),
         Binding("ctrl+n", "new_chat", "New", priority=True),
         Binding("ctrl+t", "cycle_view", "View", priority=True),
+        # browsers keep Ctrl+N / Ctrl+T for themselves: under --web these stand in (and show in the footer)
+        Binding("f4", "web_new_chat", "New", priority=True),
+        Binding("f3", "web_cycle_view", "View", priority=True),
         Binding("ctrl+up", "change_k(1)", "K+", key_display="^\u2191", priority=True),
         Binding("ctrl+down", "change_k(-1)", "K-", key_display="^\u2193", priority=True),
         # while an answer streams the input is disabled, so + and - can't be typed: they change K too
@@ -228,6 +235,8 @@ class ChatApp(App):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if len(self.screen_stack) > 1 and action not in ("quit", "interrupt"):
             return False  # a dialog is open: its own keys apply
+        if action in BROWSER_ONLY or action in BROWSER_REPLACED:
+            return self.is_web == (action in BROWSER_ONLY)
         if action in GENERATING_ONLY:
             return self.control is not None  # idle: Escape goes to the input, + and - are typed
         return True
@@ -255,14 +264,16 @@ class ChatApp(App):
             prompt.clear()
             return
         if time.monotonic() - self.quit_armed_at < QUIT_AGAIN_S:
-            self.exit()
+            self.exit()  # idle: no answer is running
             return
         self.quit_armed_at = time.monotonic()
         self.notify("press Ctrl+C again to quit (or Ctrl+Q)", timeout=QUIT_AGAIN_S)
 
     async def action_quit(self) -> None:
-        self.action_stop()  # the pipeline ends its run with RunFinished; the recording keeps it
-        self.workers.cancel_all()
+        """Stop the answer and let the pipeline end its run (RunFinished reaches the recording), then exit."""
+        self.action_stop()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.workers.wait_for_complete(), QUIT_WAIT_S)
         self.exit()
 
     def action_new_chat(self) -> None:
@@ -274,6 +285,12 @@ class ChatApp(App):
         self.redraw()
         if self.source.replay:
             self.notify("Enter replays the recording")
+
+    def action_web_new_chat(self) -> None:
+        self.action_new_chat()
+
+    def action_web_cycle_view(self) -> None:
+        self.action_cycle_view()
 
     def action_change_k(self, delta: int) -> None:
         if self.source.replay:

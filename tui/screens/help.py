@@ -18,6 +18,7 @@ KEYS = """\
 [b]Ctrl+Y[/b]       copy the last answer (no drafts, no special tokens)
 [b]Ctrl+Up/Down[/b] K (draft budget) for the next steps; + / - while answering
 [b]F2[/b] config     [b]F1[/b] this help
+[b]F3, F4[/b]       view, new chat under --web (browsers keep Ctrl+T, Ctrl+N)
 
 [b]clean[/b]: the answer as text; [i]accepted[/i] draft tokens coloured in place.
 The strip under it has one cell per step, as high as the share of the draft
