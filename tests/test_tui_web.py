@@ -80,3 +80,29 @@ def test_web_refuses_bad_arguments_before_serving(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tui.cli", "--web", "--replay", str(tmp_path / "missing.jsonl")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "cannot read" in result.stderr
+
+
+def test_web_stops_on_sigint_and_sigterm_with_their_exit_codes(recording):
+    import os
+    import signal
+
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        with web_server("--replay", str(recording)) as url:
+            from web_helpers import LAST
+
+            os.kill(LAST["process"].pid, sig)
+            assert LAST["process"].wait(timeout=20) == code, url
+
+
+def test_web_refuses_a_port_in_use(recording):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "tui.cli", "--web", "--port", str(port), "--replay", str(recording)],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "in use" in result.stderr

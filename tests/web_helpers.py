@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][0-9A-Za-z]|[=>78])")
 
 
+LAST: dict = {}  # the latest server process, for tests that signal it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,6 +38,7 @@ def web_server(*args: str, startup_s: float = 30.0):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
+    LAST["process"] = process
     try:
         deadline = time.monotonic() + startup_s
         while True:

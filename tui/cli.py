@@ -101,7 +101,17 @@ def parse_replay(argv: list[str]) -> tuple[str | None, float, list[str]]:
 # ---- the four ways to start
 
 
+USAGE = """\
+specpipe-chat [overrides]                      chat with the composed config (as specpipe)
+specpipe-chat --replay FILE [--speed X]        play a recording (events.jsonl, or a chat saved with Ctrl+S)
+specpipe-chat --resume FILE [key=value ...]    continue a recorded chat with its config
+specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://127.0.0.1:N (default 8000)
+"""
+
+
 def _live(rest: list[str]) -> None:
+    if "-h" in rest or "--help" in rest:
+        print(USAGE)
     _preload_blas()
     sys.argv = sys.argv[:1] + rest  # Hydra reads sys.argv
     if not _is_hydra_meta(rest):
@@ -198,10 +208,26 @@ def _serve(flags: Flags) -> None:
         message = validate_overrides(flags.rest)
         if message:
             _fail(message, EXIT_CONFIG)
-    from textual_serve.server import Server
+    if not port_free(flags.port):
+        _fail(f"port {flags.port} on 127.0.0.1 is in use: pass --port N with a free one", EXIT_CONFIG)
+    from tui.web import LocalServer
 
     print(f"specpipe-chat: serving on http://127.0.0.1:{flags.port} (Ctrl+C stops)", file=sys.stderr)
-    Server(web_command(flags), host="127.0.0.1", port=flags.port, title="specpipe-chat").serve()
+    server = LocalServer(web_command(flags), port=flags.port)
+    server.serve()
+    sys.exit(server.exit_code)
+
+
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def web_command(flags: Flags) -> str:
