@@ -437,3 +437,21 @@ async def test_browser_footer_offers_keys_a_browser_lets_through(monkeypatch):
         assert {"f3", "f4"} <= shown and not {"ctrl+t", "ctrl+n"} & shown
         await pilot.press("f3")
         assert app.mode == "full"
+
+
+async def test_sigterm_mid_answer_exits_143_and_keeps_the_recording(tmp_path):
+    import os
+    import signal
+
+    source = LiveSource(tiny_cfg("max_tokens=100000"), record_to=tmp_path / "events.jsonl")
+    app = ChatApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.click("#prompt")
+        await pilot.press(*"go", "enter")
+        await wait_for(pilot, lambda: answers(app) and len(answers(app)[0].text) > 0)
+        os.kill(os.getpid(), signal.SIGTERM)  # the app's loop handles it (no default kill)
+        await wait_for(pilot, lambda: not app.is_running, timeout=15)
+    source.close()
+    assert app.return_code == 143
+    recorded = read_events(tmp_path / "events.jsonl")
+    assert isinstance(recorded[-1], RunFinished) and recorded[-1].stop_reason == "stopped"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
-from textual.worker import get_current_worker
+from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
 from specpipe.events import Emitted, EventWriter, PrefillDone, RunError, RunFinished, RunStarted
 from specpipe.pipeline import RunControl
@@ -38,6 +39,7 @@ from tui.widgets.token_view import MODES
 FLUSH_S = 1 / 30  # coalesce fast streams: at most ~30 UI updates a second
 MAX_K = 64
 QUIT_WAIT_S = 5.0  # Ctrl+Q waits this long at most for the running step to end
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 QUIT_AGAIN_S = 3.0  # a second Ctrl+C on an idle, empty prompt within this long quits
 GENERATING_ONLY = {"stop", "change_k_typed"}
 BROWSER_ONLY, BROWSER_REPLACED = {"web_new_chat", "web_cycle_view"}, {"new_chat", "cycle_view"}
@@ -92,6 +94,7 @@ class ChatApp(App):
         self.answer: Answer | None = None
         self.turn_shown = False  # the live turn is on screen before its RunStarted arrives
         self.quit_armed_at = 0.0
+        self.generation = None  # the running answer's Worker
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -105,6 +108,7 @@ class ChatApp(App):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        self.watch_signals()
         self.query_one(StatsPanel).show(self.figures, self.pending_k())
         if self.history:
             self.on_events_arrived(EventsArrived(self.history))  # the earlier chat, drawn at once
@@ -134,7 +138,7 @@ class ChatApp(App):
         self.control = RunControl(k=None if self.source.replay else self.next_k)
         self.query_one(Input).disabled = True
         self.refresh_bindings()
-        self.generate(list(self.messages), self.control)
+        self.generation = self.generate(list(self.messages), self.control)
 
     def add_turn(self, user_text: str) -> None:
         log = self.query_one("#log", VerticalScroll)
@@ -269,12 +273,23 @@ class ChatApp(App):
         self.quit_armed_at = time.monotonic()
         self.notify("press Ctrl+C again to quit (or Ctrl+Q)", timeout=QUIT_AGAIN_S)
 
-    async def action_quit(self) -> None:
+    async def action_quit(self, return_code: int = 0) -> None:
         """Stop the answer and let the pipeline end its run (RunFinished reaches the recording), then exit."""
         self.action_stop()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.workers.wait_for_complete(), QUIT_WAIT_S)
-        self.exit()
+        if self.generation is not None and not self.generation.is_finished:
+            with contextlib.suppress(asyncio.TimeoutError, WorkerFailed, WorkerCancelled):
+                await asyncio.wait_for(self.generation.wait(), QUIT_WAIT_S)
+        self.exit(return_code=return_code)
+
+    def on_signal(self, return_code: int) -> None:
+        """SIGINT / SIGTERM (from `kill`, not the keyboard): quit as Ctrl+Q does, exiting 130 / 143."""
+        self.run_worker(self.action_quit(return_code), group="quit")
+
+    def watch_signals(self) -> None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows, a thread)
+            loop = asyncio.get_running_loop()
+            for sig, code in SIGNAL_EXIT.items():
+                loop.add_signal_handler(sig, self.on_signal, code)
 
     def action_new_chat(self) -> None:
         self.action_stop()

@@ -146,12 +146,15 @@ def _run_live(cfg, out, history: list | None = None, first_message: str | None =
     source = LiveSource(cfg, record_to=out / "events.jsonl")
     for event in history or []:
         source.record(event)  # the new recording holds the whole chat, so it can be resumed again
+    app = ChatApp(source, title=f"{cfg.model.name} | draft={cfg.draft.name}", history=history,
+                  first_message=first_message, save_dir=out)
     try:
-        ChatApp(source, title=f"{cfg.model.name} | draft={cfg.draft.name}", history=history,
-                first_message=first_message, save_dir=out).run()
+        app.run()
     finally:
         source.close()
     print(f"specpipe-chat: events recorded to {out / 'events.jsonl'} (--resume it to continue)", file=sys.stderr)
+    if app.return_code:
+        sys.exit(app.return_code)  # 130 / 143 after SIGINT / SIGTERM
 
 
 def _replay(path: str, speed: float) -> None:
@@ -159,7 +162,10 @@ def _replay(path: str, speed: float) -> None:
     from tui.sources import ReplaySource
 
     source = ReplaySource(_read(path), speed)
-    ChatApp(source, title=f"replay {path}").run()
+    app = ChatApp(source, title=f"replay {path}")
+    app.run()
+    if app.return_code:
+        sys.exit(app.return_code)
 
 
 def _resume(path: str, overrides: list[str]) -> None:
