@@ -11,7 +11,7 @@ SPECPIPE_BROWSER_SHOT=PATH keeps the screenshot once the answer has finished;
 docs/tui-web.png is made with a real model that way:
 
     SPECPIPE_BROWSER_SHOT=docs/tui-web.png SPECPIPE_BROWSER_CHAT="model=smollm2-135m max_tokens=160" \
-    SPECPIPE_BROWSER_PROMPT="Write a Python function that reverses a string, then test it." \
+    SPECPIPE_BROWSER_PROMPT="Repeat this sentence three times: the quick brown fox jumps over the lazy dog." \
     python -m pytest -q tests/test_tui_browser.py
 """
 
@@ -135,23 +135,24 @@ async def test_browser_types_a_prompt_and_sees_a_highlighted_answer():
                 await tools.call("Input.insertText", text=PROMPT)
                 await tools.key("Enter", 13, "\r")
                 shot = await wait_until(tools.screenshot, lambda image: coloured_pixels(image, rgb) > before + 150, 90)
-                after = coloured_pixels(shot, rgb)
                 if os.environ.get("SPECPIPE_BROWSER_SHOT"):
-                    await save_when_settled(tools, Path(os.environ["SPECPIPE_BROWSER_SHOT"]), timeout_s=300)
+                    shot = await save_when_settled(tools, Path(os.environ["SPECPIPE_BROWSER_SHOT"]), timeout_s=400)
+                after = coloured_pixels(shot, rgb)
     assert after > before + 150, f"accepted-colour pixels: {before} before the prompt, {after} after"
 
 
-async def save_when_settled(tools: DevTools, path: Path, timeout_s: float) -> None:
-    """Keep the page's screenshot once it stops changing for 3 s (the answer finished), bounded in time."""
+async def save_when_settled(tools: DevTools, path: Path, timeout_s: float) -> np.ndarray:
+    """Keep the page's screenshot once it stops changing for 8 s (the answer finished), bounded in time."""
     shot = await tools.call("Page.captureScreenshot", format="png")
     deadline, still_since = time.monotonic() + timeout_s, time.monotonic()
-    while time.monotonic() - still_since < 3 and time.monotonic() < deadline:
+    while time.monotonic() - still_since < 8 and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
         new = await tools.call("Page.captureScreenshot", format="png")
         if new["data"] != shot["data"]:
             still_since = time.monotonic()
         shot = new
     path.write_bytes(base64.b64decode(shot["data"]))
+    return await tools.screenshot()
 
 
 async def wait_until(probe, done, timeout_s: float):

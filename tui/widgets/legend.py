@@ -32,14 +32,14 @@ class Legend(TokenView):
         """Labels separated by two spaces, so wrapped lines never run two together."""
         text = Text()
         if mode == "plain":
-            return Text("plain view: ctrl+t for highlighting", style="dim")
+            return Text(f"plain view: {'f3' if self.app.is_web else 'ctrl+t'} for highlighting", style="dim")
         if mode == "clean":
             text.append("accepted draft", self.component_style("accepted-inline"))
             text.append("  steps ")
             strip = self.get_component_rich_style
             for glyph, kind in ((LEVELS[-1], "all"), (LEVELS[4], "some"), (LEVELS[0], "none"), ("\u00b7", "plain")):
                 text.append(glyph, strip(f"strip--{kind}", partial=True))
-            text.append("  ctrl+t: full view", style="dim")
+            text.append(f"  {'f3' if self.app.is_web else 'ctrl+t'}: full view", style="dim")
             return text
         for i, piece in enumerate(FULL_SAMPLES):
             if i:
