@@ -37,14 +37,15 @@ async def shoot(cfg, out: Path, size: tuple[int, int], timeout_s: float = 600) -
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    if not args or args[0].startswith("-") and not args[0].startswith("--size"):
+    sizes = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--size=")]
+    rest = [a for a in sys.argv[1:] if not a.startswith("--size=")]
+    if not rest or rest[0].startswith("-"):
         sys.exit(__doc__)
-    size = (110, 34)
-    for arg in [a for a in args if a.startswith("--size=")]:
-        cols, rows = arg.split("=", 1)[1].split("x")
-        size = (int(cols), int(rows))
-    out, overrides = Path(next(a for a in args if not a.startswith("--"))), [a for a in args if not a.startswith("--")][1:]
+    out, overrides = Path(rest[0]), rest[1:]
+    cols, _, rows = (sizes[-1] if sizes else "110x34").partition("x")
+    if not (cols.isdigit() and rows.isdigit()):
+        sys.exit(f"--size={sizes[-1]}: give COLSxROWS, e.g. --size=110x34")
+    size = (int(cols), int(rows))
 
     from specpipe.cli import _preload_blas
 
