@@ -4,6 +4,7 @@ on a tiny random model."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
 from pathlib import Path
@@ -42,6 +43,14 @@ async def wait_for(pilot, condition, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting for the app"
         await pilot.pause(0.05)
+
+
+async def wait_for_exit(app: ChatApp, timeout: float = 30.0) -> None:
+    """Until the app has exited (the pilot can no longer pause on its screens)."""
+    deadline = time.monotonic() + timeout
+    while app.is_running:
+        assert time.monotonic() < deadline, "the app did not exit"
+        await asyncio.sleep(0.05)
 
 
 def answers(app: ChatApp) -> list[Answer]:
@@ -273,8 +282,7 @@ async def test_keys_match_the_footer_when_idle():
         await pilot.press("ctrl+c")  # an empty line: arms quitting
         assert app.is_running
         await pilot.press("ctrl+c")
-        await pilot.pause(0.1)
-        assert not app.is_running
+        await wait_for_exit(app)
 
 
 # ---- Pilot: a tiny random model through a live Session
@@ -420,8 +428,7 @@ async def test_quit_mid_answer_keeps_the_recording_whole(tmp_path):
         await pilot.press(*"go", "enter")
         await wait_for(pilot, lambda: answers(app) and len(answers(app)[0].text) > 0)
         await pilot.press("ctrl+q")
-        await pilot.pause(0.2)
-        assert not app.is_running
+        await wait_for_exit(app)
     source.close()
     recorded = read_events(tmp_path / "events.jsonl")
     assert isinstance(recorded[-1], RunFinished) and recorded[-1].stop_reason == "stopped"
@@ -450,7 +457,7 @@ async def test_sigterm_mid_answer_exits_143_and_keeps_the_recording(tmp_path):
         await pilot.press(*"go", "enter")
         await wait_for(pilot, lambda: answers(app) and len(answers(app)[0].text) > 0)
         os.kill(os.getpid(), signal.SIGTERM)  # the app's loop handles it (no default kill)
-        await wait_for(pilot, lambda: not app.is_running, timeout=15)
+        await wait_for_exit(app)
     source.close()
     assert app.return_code == 143
     recorded = read_events(tmp_path / "events.jsonl")

@@ -108,7 +108,7 @@ class ChatApp(App):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.watch_signals()
+        self.handle_signals()
         self.query_one(StatsPanel).show(self.figures, self.pending_k())
         if self.history:
             self.on_events_arrived(EventsArrived(self.history))  # the earlier chat, drawn at once
@@ -285,11 +285,17 @@ class ChatApp(App):
         """SIGINT / SIGTERM (from `kill`, not the keyboard): quit as Ctrl+Q does, exiting 130 / 143."""
         self.run_worker(self.action_quit(return_code), group="quit")
 
-    def watch_signals(self) -> None:
+    def handle_signals(self, on: bool = True) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows, a thread)
             loop = asyncio.get_running_loop()
             for sig, code in SIGNAL_EXIT.items():
-                loop.add_signal_handler(sig, self.on_signal, code)
+                if on:
+                    loop.add_signal_handler(sig, self.on_signal, code)
+                else:
+                    loop.remove_signal_handler(sig)
+
+    def on_unmount(self) -> None:
+        self.handle_signals(on=False)
 
     def action_new_chat(self) -> None:
         self.action_stop()
