@@ -10,7 +10,7 @@ bounded, and the browser and server are stopped whatever happens.
 SPECPIPE_BROWSER_SHOT=PATH keeps the screenshot once the answer has finished;
 docs/tui-web.png is made with a real model that way:
 
-    SPECPIPE_BROWSER_SHOT=docs/tui-web.png SPECPIPE_BROWSER_CHAT="model=smollm2-135m max_tokens=160" \
+    SPECPIPE_BROWSER_SHOT=docs/tui-web.png SPECPIPE_BROWSER_CHAT="model=smollm2-135m max_tokens=100" \
     SPECPIPE_BROWSER_PROMPT="Repeat this sentence three times: the quick brown fox jumps over the lazy dog." \
     python -m pytest -q tests/test_tui_browser.py
 """
