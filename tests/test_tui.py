@@ -297,6 +297,11 @@ async def test_live_chat_streams_stops_and_clears(tmp_path):
         await pilot.press(*"hello", "enter")
         assert app.messages[0] == {"role": "user", "content": "hello"}
         await wait_for(pilot, lambda: len(answers(app)[0].text) > 0)  # tokens are streaming
+        shown = {b.binding.key for b in app.active_bindings.values() if b.binding.show and b.enabled}
+        assert "escape" in shown  # the footer offers Stop while answering
+        k = app.next_k
+        await pilot.press("+")  # the input is disabled: + is K+, not text
+        assert app.next_k == k + 1 and app.control.k == k + 1 and app.query_one("#prompt").value == ""
         await pilot.press("escape")  # stop mid-generation
         await wait_for(pilot, lambda: app.control is None)
         answer = answers(app)[0]
