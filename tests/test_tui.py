@@ -467,3 +467,10 @@ async def test_sigterm_mid_answer_exits_143_and_keeps_the_recording(tmp_path):
     assert app.return_code == 143
     recorded = read_events(tmp_path / "events.jsonl")
     assert isinstance(recorded[-1], RunFinished) and recorded[-1].stop_reason == "stopped"
+
+
+async def test_a_prompt_named_on_the_command_line_is_sent_first():
+    app = ChatApp(LiveSource(tiny_cfg("max_tokens=4")), first_message="hello there")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.control is None and len(app.messages) == 2)
+        assert app.messages[0] == {"role": "user", "content": "hello there"} and answers(app)[0].text

@@ -15,7 +15,7 @@ import pytest
 from specpipe.events import EventWriter
 from tui.cli import Flags, web_command
 from tui_script import scripted_events
-from web_helpers import terminal_text, web_server
+from web_helpers import LAST, terminal_text, web_server
 
 
 @pytest.fixture
@@ -88,8 +88,6 @@ def test_web_stops_on_sigint_and_sigterm_with_their_exit_codes(recording):
 
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         with web_server("--replay", str(recording)) as url:
-            from web_helpers import LAST
-
             os.kill(LAST["process"].pid, sig)
             assert LAST["process"].wait(timeout=20) == code, url
 
