@@ -1,4 +1,5 @@
-"""Snapshot of the chat UI drawing a scripted, highlighted transcript.
+"""Snapshots of the chat UI drawing a scripted transcript: the default (clean)
+view, the full view, the plain view and the narrow (80x24) layout with its help.
 
 No model and no clocks: the events (tests/tui_script.py) carry fixed times,
 so the stats panel is the same on every run. A diff here is a UI contract
@@ -20,7 +21,7 @@ async def _settle(pilot) -> None:
     # The worker's last messages (and the refreshes they schedule) may still be
     # queued on a busy machine: wait until the transcript's last line is drawn.
     for _ in range(100):
-        if "#&#160;done" in pilot.app.export_screenshot():
+        if "#&#160;done" in pilot.app.export_screenshot() and "Quit" in pilot.app.export_screenshot():
             break
         await pilot.pause(0.05)
     else:
@@ -33,16 +34,35 @@ async def _settle(pilot) -> None:
     await pilot.wait_for_scheduled_animations()
 
 
-def test_highlighted_transcript(snap_compare):
-    app = ChatApp(ReplaySource(scripted_events(), speed=0), title="scripted")
-    assert snap_compare(app, terminal_size=(100, 30), run_before=_settle)
+def _app() -> ChatApp:
+    return ChatApp(ReplaySource(scripted_events(), speed=0), title="scripted")
 
 
-def test_highlighting_off(snap_compare):
-    async def toggle(pilot) -> None:
+def _after(*keys: str):
+    async def run_before(pilot) -> None:
         await _settle(pilot)
-        await pilot.press("ctrl+t", "ctrl+t")  # all -> kept -> off
-        await pilot.pause()
+        await pilot.press(*keys)
+        for _ in range(4):
+            await pilot.pause(0.05)
 
-    app = ChatApp(ReplaySource(scripted_events(), speed=0), title="scripted")
-    assert snap_compare(app, terminal_size=(100, 30), run_before=toggle)
+    return run_before
+
+
+def test_clean_view(snap_compare):
+    assert snap_compare(_app(), terminal_size=(100, 30), run_before=_settle)
+
+
+def test_full_view(snap_compare):
+    assert snap_compare(_app(), terminal_size=(100, 30), run_before=_after("ctrl+t"))
+
+
+def test_plain_view(snap_compare):
+    assert snap_compare(_app(), terminal_size=(100, 30), run_before=_after("ctrl+t", "ctrl+t"))
+
+
+def test_narrow_80x24(snap_compare):
+    assert snap_compare(_app(), terminal_size=(80, 24), run_before=_settle)
+
+
+def test_help_at_80x24(snap_compare):
+    assert snap_compare(_app(), terminal_size=(80, 24), run_before=_after("f1"))

@@ -3,27 +3,115 @@
 `specpipe-chat model=... draft=ngram budget.k=16` composes the same Hydra
 config (one-line errors for bad overrides, exit 2), loads the models when the
 first message is sent and records every answer to the run folder's
-events.jsonl. `specpipe-chat --replay PATH/events.jsonl [--speed X]` plays a
+events.jsonl; `prompt=story` or `prompt.text=...` on the command line is sent
+as the first message. `--replay PATH/events.jsonl [--speed X]` plays a
 recorded run back without loading any model (X=1: recorded pace, 0: instant).
+`--resume PATH` draws a saved chat (Ctrl+S) or a recording and continues it
+live with the recorded config (`key=value` overrides change values in it).
+`--web [--port N]` serves any of these in a browser at http://127.0.0.1:N
+(textual-serve; one app process per browser tab, bound to localhost only).
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
+from dataclasses import dataclass, field
 
 from specpipe.cli import EXIT_CONFIG, _is_hydra_meta, _preload_blas, validate_overrides
+
+DEFAULT_PORT = 8000
+GROUPS = ("model", "draft", "quant", "budget", "rollback", "sampling", "compare", "prompt", "experiment")
+
+
+@dataclass
+class Flags:
+    replay: str | None = None
+    speed: float = 1.0
+    resume: str | None = None
+    web: bool = False
+    port: int = DEFAULT_PORT
+    rest: list[str] = field(default_factory=list)  # Hydra overrides
 
 
 def main() -> None:
     try:
-        replay, speed, rest = parse_replay(sys.argv[1:])
+        flags = parse_flags(sys.argv[1:])
     except ValueError as exc:
         _fail(str(exc), EXIT_CONFIG)
-    if replay is not None:
-        if rest:
-            print(f"specpipe-chat: replay ignores the overrides {' '.join(rest)}", file=sys.stderr)
-        _replay(replay, speed)
-        return
+    if flags.web:
+        _serve(flags)
+    elif flags.replay is not None:
+        if flags.rest:
+            print(f"specpipe-chat: replay ignores the overrides {' '.join(flags.rest)}", file=sys.stderr)
+        _replay(flags.replay, flags.speed)
+    elif flags.resume is not None:
+        _resume(flags.resume, flags.rest)
+    else:
+        _live(flags.rest)
+
+
+def parse_flags(argv: list[str]) -> Flags:
+    """Take specpipe-chat's own flags (also `--flag=value`) out of argv; the rest are Hydra overrides.
+
+    Example: ["--replay", "e.jsonl", "--speed=0", "budget.k=4"] -> Flags(replay="e.jsonl", speed=0.0, rest=["budget.k=4"]).
+    """
+    values: dict[str, str] = {}
+    flags, i = Flags(), 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name == "--web":
+            flags.web = True
+        elif name in ("--replay", "--speed", "--resume", "--port"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{name} needs a value")
+                value, i = argv[i + 1], i + 1
+            values[name] = value
+        else:
+            flags.rest.append(arg)
+        i += 1
+    flags.replay, flags.resume = values.get("--replay"), values.get("--resume")
+    try:
+        flags.speed = float(values.get("--speed", "1"))
+    except ValueError:
+        raise ValueError(f"--speed {values['--speed']!r}: give a number (1 = recorded pace, 0 = instant)") from None
+    if flags.speed < 0:
+        raise ValueError(f"--speed {flags.speed:g}: must be 0 (instant) or more")
+    if "--speed" in values and flags.replay is None:
+        raise ValueError("--speed only applies to --replay PATH/events.jsonl")
+    if flags.replay is not None and flags.resume is not None:
+        raise ValueError("give --replay (watch a recording) or --resume (continue it), not both")
+    if "--port" in values:
+        if not flags.web:
+            raise ValueError("--port only applies to --web")
+        if not values["--port"].isdigit() or not 0 < int(values["--port"]) < 65536:
+            raise ValueError(f"--port {values['--port']!r}: give a TCP port, 1..65535")
+        flags.port = int(values["--port"])
+    return flags
+
+
+def parse_replay(argv: list[str]) -> tuple[str | None, float, list[str]]:
+    """(replay path, speed, the rest): the replay flags alone, as `parse_flags` reads them."""
+    flags = parse_flags(argv)
+    return flags.replay, flags.speed, flags.rest
+
+
+# ---- the four ways to start
+
+
+USAGE = """\
+specpipe-chat [overrides]                      chat with the composed config (as specpipe)
+specpipe-chat --replay FILE [--speed X]        play a recording (events.jsonl, or a chat saved with Ctrl+S)
+specpipe-chat --resume FILE [key=value ...]    continue a recorded chat with its config
+specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://127.0.0.1:N (default 8000)
+"""
+
+
+def _live(rest: list[str]) -> None:
+    if "-h" in rest or "--help" in rest:
+        print(USAGE)
     _preload_blas()
     sys.argv = sys.argv[:1] + rest  # Hydra reads sys.argv
     if not _is_hydra_meta(rest):
@@ -37,64 +125,139 @@ def main() -> None:
     hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="config")(_task)()
 
 
-def parse_replay(argv: list[str]) -> tuple[str | None, float, list[str]]:
-    """Take `--replay PATH` and `--speed X` (also `--flag=value`) out of argv.
-
-    Example: ["--replay", "e.jsonl", "--speed=0", "budget.k=4"] -> ("e.jsonl", 0.0, ["budget.k=4"]).
-    """
-    values: dict[str, str] = {}
-    rest, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg.partition("=")
-        if name in ("--replay", "--speed"):
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise ValueError(f"{name} needs a value")
-                value, i = argv[i + 1], i + 1
-            values[name] = value
-        else:
-            rest.append(arg)
-        i += 1
-    try:
-        speed = float(values.get("--speed", "1"))
-    except ValueError:
-        raise ValueError(f"--speed {values['--speed']!r}: give a number (1 = recorded pace, 0 = instant)") from None
-    if speed < 0:
-        raise ValueError(f"--speed {speed:g}: must be 0 (instant) or more")
-    if "--speed" in values and "--replay" not in values:
-        raise ValueError("--speed only applies to --replay PATH/events.jsonl")
-    return values.get("--replay"), speed, rest
-
-
-def _replay(path: str, speed: float) -> None:
-    import msgspec
-
-    from tui.app import ChatApp
-    from tui.sources import ReplaySource
-
-    try:
-        source = ReplaySource.from_file(path, speed)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        _fail(f"cannot replay {path}: {exc}", EXIT_CONFIG)
-    ChatApp(source, title=f"replay {path}").run()
-
-
 def _task(cfg) -> None:
     from pathlib import Path
 
+    from hydra.core.hydra_config import HydraConfig
+
     from specpipe.runner import _hydra_dir
+
+    out = Path(_hydra_dir() or "outputs/chat")
+    # The CLI's prompt is the chat's first message, when the user named one (the default is only an example).
+    asked = any(o.split("=", 1)[0] in ("prompt", "prompt.text", "+prompt.text") for o in HydraConfig.get().overrides.task)
+    _run_live(cfg, out, first_message=cfg.prompt.text if asked else None)
+
+
+def _run_live(cfg, out, history: list | None = None, first_message: str | None = None) -> None:
     from tui.app import ChatApp
     from tui.sources import LiveSource
 
-    out = Path(_hydra_dir() or "outputs/chat")
     out.mkdir(parents=True, exist_ok=True)
     source = LiveSource(cfg, record_to=out / "events.jsonl")
+    for event in history or []:
+        source.record(event)  # the new recording holds the whole chat, so it can be resumed again
+    app = ChatApp(source, title=f"{cfg.model.name} | draft={cfg.draft.name}", history=history,
+                  first_message=first_message, save_dir=out)
     try:
-        ChatApp(source, title=f"{cfg.model.name} | draft={cfg.draft.name}").run()
+        app.run()
     finally:
         source.close()
-    print(f"specpipe-chat: events recorded to {out / 'events.jsonl'}", file=sys.stderr)
+    print(f"specpipe-chat: events recorded to {out / 'events.jsonl'} (--resume it to continue)", file=sys.stderr)
+    if app.return_code:
+        sys.exit(app.return_code)  # 130 / 143 after SIGINT / SIGTERM
+
+
+def _replay(path: str, speed: float) -> None:
+    from tui.app import ChatApp
+    from tui.sources import ReplaySource
+
+    source = ReplaySource(_read(path), speed)
+    app = ChatApp(source, title=f"replay {path}")
+    app.run()
+    if app.return_code:
+        sys.exit(app.return_code)
+
+
+def _resume(path: str, overrides: list[str]) -> None:
+    from datetime import datetime
+    from pathlib import Path
+
+    events = _read(path)
+    try:
+        cfg = recorded_config(events, overrides)
+    except ValueError as exc:
+        _fail(f"cannot resume {path}: {exc}", EXIT_CONFIG)
+    _preload_blas()
+    _run_live(cfg, Path("outputs/chat") / f"{datetime.now():%Y-%m-%d/%H-%M-%S}", history=events)
+
+
+def recorded_config(events: list, overrides: list[str]):
+    """The config a recording was made with (its first RunStarted.config_yaml), with `key=value` overrides applied.
+
+    Raises:
+        ValueError: no recorded config, or an override that picks a group option (`draft=none`).
+    """
+    from omegaconf import OmegaConf
+
+    from specpipe.events import RunStarted
+
+    yaml = next((e.config_yaml for e in events if isinstance(e, RunStarted) and e.config_yaml), "")
+    if not yaml:
+        raise ValueError("the recording has no config (recorded before config_yaml existed); start a new chat")
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if "=" not in override or key.lstrip("+~") in GROUPS:
+            raise ValueError(f"{override!r}: a resumed chat keeps its groups; change values such as budget.k=8")
+    return OmegaConf.merge(OmegaConf.create(yaml), OmegaConf.from_dotlist(overrides))
+
+
+def _serve(flags: Flags) -> None:
+    """Check the arguments here (one-line errors, exit 2), then serve; each browser tab runs its own app."""
+    if flags.replay is not None:
+        _read(flags.replay)
+    elif flags.resume is not None:
+        try:
+            recorded_config(_read(flags.resume), flags.rest)
+        except ValueError as exc:
+            _fail(f"cannot resume {flags.resume}: {exc}", EXIT_CONFIG)
+    elif not _is_hydra_meta(flags.rest):
+        message = validate_overrides(flags.rest)
+        if message:
+            _fail(message, EXIT_CONFIG)
+    if not port_free(flags.port):
+        _fail(f"port {flags.port} on 127.0.0.1 is in use: pass --port N with a free one", EXIT_CONFIG)
+    from tui.web import LocalServer
+
+    print(f"specpipe-chat: serving on http://127.0.0.1:{flags.port} (Ctrl+C stops)", file=sys.stderr)
+    server = LocalServer(web_command(flags), port=flags.port)
+    server.serve()
+    sys.exit(server.exit_code)
+
+
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def web_command(flags: Flags) -> str:
+    """The shell command textual-serve runs per browser tab: this CLI without --web / --port."""
+    argv = [sys.executable, "-m", "tui.cli"]
+    if flags.replay is not None:
+        argv += ["--replay", flags.replay, "--speed", f"{flags.speed:g}"]
+    if flags.resume is not None:
+        argv += ["--resume", flags.resume]
+    return shlex.join(argv + flags.rest)
+
+
+def _read(path: str) -> list:
+    import msgspec
+
+    from specpipe.events import read_events
+    from tui.sources import ReplaySource
+
+    try:
+        events = read_events(path)
+        ReplaySource(events)  # the same checks a replay makes (a RunStarted, ...)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        _fail(f"cannot read {path}: {exc}", EXIT_CONFIG)
+    return events
 
 
 def _fail(message: str, code: int) -> None:

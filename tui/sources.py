@@ -1,10 +1,13 @@
 """Event sources: where the app's events come from.
 
 A source has `generate(messages, control) -> Iterator[Event]` (one answer:
-RunStarted ... RunFinished), `decode` (ids -> text, or None), `k` (the
-configured draft budget, or None) and `config_yaml`. `LiveSource` runs a
-Session (loaded lazily, on the worker thread: this module never imports
-mlx); `ReplaySource` plays recorded events at their original pace or faster.
+RunStarted ... RunFinished), `decode` (ids -> text, or None), `special` (the
+special-token pattern), `k` (the configured draft budget, or None) and
+`config_yaml`. `LiveSource` runs a Session (loaded lazily, on the worker
+thread: this module never imports mlx) and applies the prompt group as the
+`specpipe` CLI does (`prompt.system`, `prompt.chat`); `ReplaySource` plays
+recorded events at their original pace or faster. `chat_history` turns
+recorded events back into chat messages, so a saved chat can be resumed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,23 @@ from typing import Iterator
 
 from specpipe.events import Event, EventWriter, RunFinished, RunStarted, read_recording
 from specpipe.metrics import StatsCollector
+from tui.transcript import SPECIAL, special_pattern
+
+
+def chat_history(events: list[Event]) -> list[dict]:
+    """Chat messages of recorded answers: each run's prompt_text, then its answer.
+
+    Runs that ended without an answer (an error, or stopped before a token)
+    are left out, as the live chat drops an unanswered turn.
+    """
+    messages, prompt = [], None
+    for event in events:
+        if isinstance(event, RunStarted):
+            prompt = event.prompt_text
+        elif isinstance(event, RunFinished) and prompt is not None and event.text:
+            messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": event.text}]
+            prompt = None
+    return messages
 
 
 class LiveSource:
@@ -35,11 +55,19 @@ class LiveSource:
         self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.k = cfg.budget.get("k")
         self.session = None
+        self._special = None
         self._writer = EventWriter(record_to) if record_to else None
 
     @property
     def decode(self):
         return self.session.target.decode if self.session is not None else None
+
+    @property
+    def special(self):
+        """The tokenizer's own special tokens once the model is loaded, else the default shapes."""
+        if self._special is None and self.session is not None:
+            self._special = special_pattern(tokenizer_specials(self.session.target.tokenizer))
+        return self._special or SPECIAL
 
     def load(self):
         """Build the Session once (slow: loads the models). Raises SpecpipeError."""
@@ -49,17 +77,42 @@ class LiveSource:
             self.session = Session(self.cfg)
         return self.session
 
+    def prompt_messages(self, messages: list[dict]) -> list[dict]:
+        """The chat as the model sees it: `prompt.system` first, when set (as `specpipe` does)."""
+        system = self.cfg.prompt.get("system")
+        return [{"role": "system", "content": system}, *messages] if system else list(messages)
+
+    def encode(self, session, messages: list[dict]) -> list[int]:
+        """Prompt ids; `prompt.chat=false` sends the last message as raw text (no template, no history)."""
+        if not self.cfg.prompt.get("chat", True):
+            return session.encode(text=messages[-1]["content"])
+        return session.encode(messages=self.prompt_messages(messages))
+
     def generate(self, messages: list[dict], control) -> Iterator[Event]:
         session = self.load()
-        prompt_ids = session.encode(messages=messages)
+        prompt_ids = self.encode(session, messages)
         for event in session.generate(prompt_ids, control=control, prompt_text=messages[-1]["content"]):
-            if self._writer:
-                self._writer.write(event)
+            self.record(event)
             yield event
+
+    def record(self, event: Event) -> None:
+        if self._writer:
+            self._writer.write(event)
 
     def close(self) -> None:
         if self._writer:
             self._writer.close()
+
+
+def tokenizer_specials(tokenizer) -> list[str]:
+    """Special token strings of an HF tokenizer (mlx-lm's wrapper forwards attributes); [] if it has none."""
+    try:
+        words = list(getattr(tokenizer, "all_special_tokens", []) or [])
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        words += [str(t) for t in added.values() if getattr(t, "special", False)]
+    except Exception:  # noqa: BLE001  (a tokenizer without these attributes: the default shapes still apply)
+        return []
+    return words
 
 
 class ReplaySource:
@@ -72,6 +125,7 @@ class ReplaySource:
 
     replay = True
     decode = None
+    special = SPECIAL
 
     def __init__(self, events: list[Event], speed: float = 1.0):
         if speed < 0:

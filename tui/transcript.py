@@ -2,15 +2,19 @@
 
 Feed a run's events to `AnswerTranscript.consume`; `pieces` is the answer as
 (text, kind) runs in reading order. Per step that is: the accepted draft
-tokens, then the rejected draft span (never part of the answer, shown struck
-through), then the target's own token (recovered at the first rejection, or
-the bonus after a fully accepted draft; "target" when nothing was drafted).
+tokens, then the rejected draft span (never part of the answer; the full view
+shows it struck through), then the target's own token (recovered at the first
+rejection, or the bonus after a fully accepted draft; "target" when nothing
+was drafted). `steps` keeps (drafted, accepted) per step for the step strip.
+Special tokens (`<|im_end|>`, ...) are text in the events; `split_special`
+finds them so views can drop or mark them, and `answer` leaves them out.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from specpipe.events import Emitted, RunStarted, Verified
 
@@ -21,6 +25,38 @@ Decode = Callable[[list[int]], str]
 
 # C0 controls (and DEL) would move the terminal cursor: show their Unicode pictures instead.
 _CONTROL_PICTURES = {c: chr(0x2400 + c) for c in range(32) if chr(c) not in "\n\t"} | {127: "\u2421"}
+
+
+# Chat-template control tokens as text: ChatML / Llama 3 `<|...|>` and Gemma's turn markers. A live
+# tokenizer adds its own list (`special_pattern(extra=...)`); replays of any recording use this one.
+_SPECIAL_SHAPES = r"<\|[^<>|\s]{1,40}\|>|<(?:start|end)_of_turn>"
+SPECIAL = re.compile(_SPECIAL_SHAPES)
+
+
+def special_pattern(extra: Iterable[str] = ()) -> re.Pattern:
+    """The default shapes plus a tokenizer's own special token strings (longest first)."""
+    words = sorted({w for w in extra if w and not w.isspace()}, key=len, reverse=True)
+    return re.compile("|".join([*(re.escape(w) for w in words), _SPECIAL_SHAPES]))
+
+
+def split_special(text: str, pattern: re.Pattern = SPECIAL) -> list[tuple[str, bool]]:
+    """(segment, is_special) runs of `text`.
+
+    Example: "hi<|im_end|>\n" -> [("hi", False), ("<|im_end|>", True), ("\n", False)].
+    """
+    runs, pos = [], 0
+    for m in pattern.finditer(text):
+        if m.start() > pos:
+            runs.append((text[pos : m.start()], False))
+        runs.append((m.group(), True))
+        pos = m.end()
+    if pos < len(text):
+        runs.append((text[pos:], False))
+    return runs
+
+
+def strip_special(text: str, pattern: re.Pattern = SPECIAL) -> str:
+    return pattern.sub("", text)
 
 
 def printable(text: str) -> str:
@@ -47,13 +83,16 @@ class AnswerTranscript:
     def __init__(self, decode: Decode | None = None):
         self.decode = decode
         self.pieces: list[Piece] = []
+        self.steps: list[tuple[int, int]] = []  # (drafted, accepted) per verified step, in order
         self._verdicts: dict[int, Verified] = {}
 
     def consume(self, event) -> None:
         if isinstance(event, RunStarted):
-            self.pieces, self._verdicts = [], {}
+            self.pieces, self.steps, self._verdicts = [], [], {}
         elif isinstance(event, Verified):
             self._verdicts[event.step] = event
+            accepted = len(event.accepted_ids)
+            self.steps.append((accepted + len(event.rejected_ids), accepted))
         elif isinstance(event, Emitted):
             self.pieces.extend(step_pieces(event, self._verdicts.pop(event.step, None), self.decode))
 
@@ -61,6 +100,10 @@ class AnswerTranscript:
     def text(self) -> str:
         """The answer as the model wrote it (rejected drafts excluded)."""
         return "".join(p.text for p in self.pieces if p.kind != REJECTED)
+
+    def answer(self, pattern: re.Pattern = SPECIAL) -> str:
+        """What a reader copies: the text without rejected drafts or special tokens."""
+        return strip_special(self.text, pattern)
 
 
 def step_pieces(emitted: Emitted, verified: Verified | None, decode: Decode | None = None) -> list[Piece]:
