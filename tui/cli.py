@@ -18,7 +18,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from specpipe.cli import EXIT_CONFIG, _is_hydra_meta, _preload_blas, validate_overrides
+from specpipe.cli import EXIT_CONFIG, _is_hydra_meta, _preload_blas, prepare_argv, validate_overrides
 
 DEFAULT_PORT = 8000
 GROUPS = ("model", "draft", "quant", "budget", "rollback", "sampling", "compare", "prompt", "experiment")
@@ -114,10 +114,7 @@ def _live(rest: list[str]) -> None:
         print(USAGE)
     _preload_blas()
     sys.argv = sys.argv[:1] + rest  # Hydra reads sys.argv
-    if not _is_hydra_meta(rest):
-        message = validate_overrides(rest)
-        if message:
-            _fail(message, EXIT_CONFIG)
+    prepare_argv("config", "specpipe-chat")  # prompt forms as in specpipe, the override check, one-line errors
     import hydra
 
     import specpipe.config  # noqa: F401  (registers the schemas)
