@@ -83,14 +83,18 @@ def test_the_readme_has_commands():
 def test_readme_line_runs_as_written(line, workdir):
     folder, run = workdir
     line = re.sub(r"outputs/(\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d|<date>/<time>)", str(run), line)
-    if "--replay" in line:
-        pytest.skip("an interactive replay: tests/test_tui.py replays recorded runs")
+    if "--replay" in line or "--resume" in line:
+        pytest.skip("an interactive replay / resume of a recording: tests/test_tui.py covers both")
     if line.startswith("eval "):
         words = shlex.split(line[len("eval "):].strip('"$()'))
         words = shlex.split(words[0]) if len(words) == 1 else words
         compose_only, stdin = False, None
     else:
         words, stdin = _argv(line)
+    if words[0] == "specpipe-chat":
+        from tui.cli import parse_flags
+
+        words = words[:1] + parse_flags(words[1:]).rest  # --web / --port are the chat's own flags
     tool, args = words[0], words[1:]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     compose_only = bool(NEEDS_DOWNLOAD.search(line)) or tool in SLOW
