@@ -37,8 +37,13 @@ from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
+from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
+CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
+# (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
+# sweep job) starts from them instead of the 0.5 prior. Within a session one budget serves every turn.
+_LEARNED: dict[tuple, dict] = {}
 
 
 class AutoBudget:
@@ -75,7 +80,22 @@ class AutoBudget:
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
         self.hindsight = hasattr(drafter, "hindsight")
         self.hindsight_k = 0
+        self.decision: BudgetDecision | None = None  # why the last next_k chose its K
+        self._key = _pair_key(target, drafter)
+        self._carry_in(_LEARNED.get(self._key))
         self.k = self.best_k()
+
+    def _carry_in(self, learned: dict | None) -> None:
+        """Start from an earlier session's rates for the same pair, scaled to CARRY_TRIALS' weight."""
+        if not learned:
+            return
+        scale = lambda counts: [x * min(1.0, CARRY_TRIALS / sum(counts)) for x in counts]  # noqa: E731
+        self._first, self._next = scale(learned["first"]), scale(learned["next"])
+        self.c = learned["c"]
+
+    def _carry_out(self) -> None:
+        if self._key is not None:
+            _LEARNED[self._key] = {"first": list(self._first), "next": list(self._next), "c": self.c}
 
     @property
     def alpha(self) -> float:
@@ -101,22 +121,50 @@ class AutoBudget:
         With forgetting the evidence saturates near 1 / (1 - forget) steps' worth, so the bonus shrinks
         to a few points once acceptance is known; where speculation cannot pay it still decides K = 0.
         """
-        n = sum(self._first)
-        a = self.alpha
-        return min(1.0, a + (a * (1 - a) / n) ** 0.5)
+        return _optimistic(self._first)
 
-    def _best(self, alpha: float) -> int:
+    @property
+    def continuation_optimistic(self) -> float:
+        return _optimistic(self._next)
+
+    def _best(self, alpha: float, g: float | None = None) -> int:
         from specpipe.calibrate import expected_speedup
 
-        g = self.continuation
+        g = self.continuation if g is None else g
         scores = {k: expected_speedup(alpha, k, self.c, self.ratio, g) for k in range(0, self.k_max + 1)}
         return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
+
+    def _probe_size(self) -> int:
+        """A probe's K, priced by the cost model on the optimistic rates: the draft that would pay
+        if acceptance is as good as the evidence allows. A short probe on a drafter that agrees 95%
+        of the time proves little about long drafts and, where T(3) costs as much as T(9), costs as much."""
+        return self._best(self.alpha_optimistic, self.continuation_optimistic) or self.probe_k
+
+    def _cheapest_probe(self) -> int:
+        """The scheduled probe's K (at most probe_k): the one that loses least to plain decoding by the
+        cost model, so keeping the rates fresh costs as little as this device allows."""
+        from specpipe.calibrate import expected_speedup
+
+        a, g = self.alpha, self.continuation
+        return max(range(1, self.probe_k + 1), key=lambda k: (expected_speedup(a, k, self.c, self.ratio, g), -k))
+
+    def _decide(self, k: int, reason: str) -> int:
+        """Record why this step drafts k (the step's Drafted event carries it) and return k."""
+        from specpipe.calibrate import expected_speedup
+
+        a, g = (self.alpha_optimistic, self.continuation_optimistic) if reason == "probe" else (self.alpha, self.continuation)
+        self.decision = BudgetDecision(
+            k=k, reason=reason, predicted=round(expected_speedup(a, k, self.c, self.ratio, g), 4),
+            alpha=round(a, 4), continuation=round(g, 4), c=round(self.c, 4),
+            t_verify=round(self.ratio[min(k + 1, max(self.ratio))], 4),
+        )
+        return k
 
     def best_k(self) -> int:
         """K by the cost model; probe_k when only the optimistic alpha says drafting pays."""
         k = self._best(self.alpha)
-        if k == 0 and self._best(self.alpha_optimistic) > 0:
-            return self.probe_k  # optimism buys a short probe, never a long draft on thin evidence
+        if k == 0 and self._best(self.alpha_optimistic, self.continuation_optimistic) > 0:
+            return self._probe_size()
         return k
 
     def next_k(self) -> int:
@@ -126,22 +174,22 @@ class AutoBudget:
         if self.k > 0:
             self._since_probe = 0  # counts plain steps since the last draft or probe
             self._probe_wait = self.probe_every  # drafting pays: once it stops, probe after probe_every
-            return self.k
-        thin = self._best(self.alpha_optimistic) > 0
+            return self._decide(self.k, "cost model")
+        thin = self._best(self.alpha_optimistic, self.continuation_optimistic) > 0
         self._since_probe += 1
         if self.hindsight:
             # A look back costs no verify: take one on thin evidence, every step when drafting is
             # free (n-gram), else on the probe schedule; one token only when each costs an LM head.
             if thin or self.c * self.probe_k < FREE or self._since_probe >= self._probe_wait:
                 self.hindsight_k = self.probe_k if self.c * self.probe_k < FREE else 1
-            return 0
-        if thin:  # optimism buys a short probe, never a long draft on thin evidence
+            return self._decide(0, "plain")
+        if thin:  # optimism buys a probe as long as the optimistic rates say pays
             self._since_probe, self._probe_wait = 0, self.probe_every
-            self.k = self.probe_k
+            self.k = self._probe_size()
         elif self._since_probe >= self._probe_wait:
             self._advance_probe_schedule()
-            self.k = self.probe_k
-        return self.k
+            self.k = self._cheapest_probe()
+        return self._decide(self.k, "probe" if self.k else "plain")
 
     def _advance_probe_schedule(self) -> None:
         """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
@@ -155,6 +203,7 @@ class AutoBudget:
             self._advance_probe_schedule()
         if checked:
             self._count(checked, matched)
+            self._carry_out()
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
         if drafted == 0:
@@ -167,3 +216,19 @@ class AutoBudget:
             t1 = verify_s / self.ratio[min(drafted + 1, max(self.ratio))]  # this step's implied T(1)
             self.c = self.forget * self.c + (1 - self.forget) * (draft_s / drafted) / t1
         self._drafted_before = True
+        self._carry_out()
+
+
+def _pair_key(target, drafter) -> tuple | None:
+    """Which learned rates apply: the target and the drafter (with its model, if any) by name."""
+    if target is None or drafter is None:
+        return None
+    engine = getattr(drafter, "engine", None)
+    return (target.info.name, target.info.precision, drafter.name, engine.info.name if engine is not None else "")
+
+
+def _optimistic(counts: list[float]) -> float:
+    """A [successes, failures] rate plus one standard error (at most 1)."""
+    n = sum(counts)
+    m = counts[0] / n
+    return min(1.0, m + (m * (1 - m) / n) ** 0.5)
