@@ -1,12 +1,16 @@
 """`budget=auto`: pick K each step from a cost model; K = 0 (plain decoding)
-when no K is expected to beat it.
+when no K is expected to beat it. Each choice is logged (`decision`, carried
+by the step's Drafted event): K, the predicted speed-up and the rates used.
 
 Expected speed-up of K (calibrate.expected_speedup) uses the device's
 measured verify cost T(K+1)/T(1), the drafter's cost c per drafted token,
-and the acceptance alpha estimated online. When alpha says "plain" but alpha
-plus one standard error says "draft" (thin evidence, e.g. one rejected
-probe), the step drafts a short probe instead: the bandit's rule for acting
-on little evidence, without betting a long draft on it.
+and the acceptance rates estimated online. When the rates say "plain" but
+the rates plus one standard error say "draft" (thin evidence, e.g. one
+rejected probe), the step drafts a probe of the K that pays on those
+optimistic rates: the bandit's rule for acting on little evidence. A draft
+model that agrees 95% of the time thus proves itself on a long draft within
+a step or two; a fixed 2-token probe proved little about long drafts and,
+where T(3) costs as much as T(9) (MKL on a 2-core CPU), cost as much.
 
 Acceptance is two rates, each a success / trial count with exponential
 forgetting so it follows the text: alpha, that the first drafted token is
@@ -15,22 +19,27 @@ before it was. Drafts are bursty (an n-gram that matched a copied span keeps
 matching: on code, 44% first-token acceptance but ~80-100% after that), so
 one geometric rate would undervalue long drafts exactly where they pay.
 
-While K = 0 is chosen, a short draft every `probe_every` steps keeps alpha
-fresh; each probe that leaves K at 0 doubles the wait (up to `probe_max`),
-so text the drafter cannot predict costs a few probes, not one every 8
-steps. The very first K = 0 decision probes at once, so a prior
-that says "plain" does not cost a run its first steps.
+While K = 0 is chosen, a draft every `probe_every` steps keeps the rates
+fresh: the cheapest K <= probe_k by the cost model (often 1); each probe
+that leaves K at 0 doubles the wait (up to `probe_max`), so text the drafter
+cannot predict costs a few probes, not one every 8 steps. The very first
+K = 0 decision probes at once, so a prior that says "plain" does not cost a
+run its first steps.
 
 Drafters that can guess tokens the target already emitted without a target
 forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
-c starts from the calibration (a draft model timed alone; for a drafter
-running part of the target, its share of the target's weight bytes) and
-then follows the run: each step's draft seconds per drafted token over the target step time
-implied by that step's verify (verify seconds / T(k+1)/T(1)). Alone, a draft
-model can time slower than inside the loop, and a too-high c under-drafts.
+c starts from the calibration (a draft model timed alone on this device; for
+a drafter running part of the target, its share of the target's weight
+bytes) and then follows the run: each step's draft seconds per drafted token
+over the target step time implied by that step's verify (verify seconds /
+T(k+1)/T(1)).
+
+Rates and c carry over: one budget serves every turn of a Session, and a new
+Session of this process with the same target and drafter starts from what
+the last one learned (as a light prior, CARRY_TRIALS trials' worth).
 """
 
 from __future__ import annotations

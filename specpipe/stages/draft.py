@@ -38,7 +38,7 @@ class Drafter(Protocol):
     engine: Any  # the Engine it runs, or None (n-gram, none)
     cache: list | None  # its own cache, trimmed by the rollback stage
     cached_len: int  # context tokens held in `cache`
-    forwards: int  # model forwards spent drafting so far
+    forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
