@@ -146,3 +146,17 @@ def test_auto_carries_rates_to_the_next_session_with_the_same_pair(pair, tmp_pat
     assert sum(second._first) <= auto_module.CARRY_TRIALS + 1e-9
     other = AutoBudget(target=target, drafter=make_drafter("ngram", target))
     assert (other.alpha, other.continuation) == fresh  # another drafter keeps its own rates
+
+
+def test_auto_corrects_a_calibration_taken_on_a_busy_machine():
+    """The cached curve said T(n) = 40 T(1) for every n > 1 (SmolLM2 under MKL measured T(2) = 16 while other
+    processes held the cores); the run's own verify timings say a 9-token verify costs 2 plain steps."""
+    b = AutoBudget(k_max=16)
+    b.ratio, b.c = {n: (1.0 if n == 1 else 40.0) for n in range(1, 34)}, 0.0
+    for _ in range(20):
+        b.observe(8, 8)  # a copied span: everything held
+    assert b.best_k() == 0  # at 40x per verify nothing pays
+    b.observe(0, 0, verify_s=0.1)  # a plain step
+    b.observe(8, 8, verify_s=0.2)  # a 9-token verify
+    assert b.ratio[9] == pytest.approx(2.0) and b.ratio[5] == pytest.approx(2.0)  # measured; the rest scaled
+    assert b.next_k() >= 8 and b.decision.t_verify <= 2.0 + 1e-9

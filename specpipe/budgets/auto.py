@@ -49,6 +49,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
+MEASURED_FORGET = 0.8  # verify timings follow the machine's load faster than acceptance follows the text
 CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
 # (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
 # sweep job) starts from them instead of the 0.5 prior. Within a session one budget serves every turn.
@@ -79,6 +80,7 @@ class AutoBudget:
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
+        self._seconds: dict[int, float] = {}  # n -> this run's verify seconds over n tokens (forgetting average)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         if target is not None:
@@ -93,6 +95,34 @@ class AutoBudget:
         self._key = _pair_key(target, drafter)
         self._carry_in(_LEARNED.get(self._key))
         self.k = self.best_k()
+
+    @property
+    def ratio(self) -> dict[int, float]:
+        """T(n)/T(1) the cost model uses: the calibrated curve, corrected by this run's verify timings."""
+        return self._curve
+
+    @ratio.setter
+    def ratio(self, calibrated: dict[int, float]) -> None:
+        self._calibrated = dict(calibrated)
+        self._seconds.clear()
+        self._curve = dict(calibrated)
+
+    def _observe_verify(self, n: int, seconds: float) -> None:
+        """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
+        measured points replace the calibration's and the rest of the curve is scaled by the median
+        measured / calibrated ratio: a calibration taken while another process held the cores (seen: T(2)
+        = 16 for SmolLM2 under MKL) must not keep auto from drafting for the whole run."""
+        old = self._seconds.get(n)
+        self._seconds[n] = seconds if old is None else MEASURED_FORGET * old + (1 - MEASURED_FORGET) * seconds
+        t1 = self._seconds.get(1)
+        if not t1:
+            return
+        measured = {m: max(1.0, t / t1) for m, t in self._seconds.items() if m > 1 and m in self._calibrated}
+        if not measured:
+            return
+        scale = sorted(measured[m] / self._calibrated[m] for m in measured)[len(measured) // 2]
+        self._curve = {m: measured.get(m, max(1.0, r * scale)) for m, r in self._calibrated.items()}
+        self._curve[1] = 1.0
 
     def _carry_in(self, learned: dict | None) -> None:
         """Start from an earlier session's rates for the same pair, scaled to CARRY_TRIALS' weight."""
@@ -215,6 +245,8 @@ class AutoBudget:
             self._carry_out()
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
+        if verify_s:
+            self._observe_verify(drafted + 1, verify_s)
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
