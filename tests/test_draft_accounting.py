@@ -119,16 +119,22 @@ def test_auto_does_not_sit_at_short_drafts_when_acceptance_is_high():
     assert min(ks[3:]) >= 4 and max(ks) >= 8, ks
 
 
-def test_auto_scheduled_probe_is_the_cheapest_draft():
-    """When no K pays, keeping the rates fresh costs the least the cost model allows (K = 1 here, where
-    T(2) = 1.44 but T(3) = 2.51), not a fixed probe_k the cost model never priced."""
-    b = AutoBudget(k_max=16, probe_k=4)
+def test_auto_probes_teach_the_continuation_rate():
+    """A scheduled probe drafts at least probe_k tokens: one-token probes (tried: the cheapest draft where
+    T(2) = 1.44 but T(3) = 2.51) never update the continuation rate, which stayed at its 0.5 prior and kept
+    long drafts priced out for a whole 95%-acceptance run."""
+    b = AutoBudget(k_max=16, probe_k=2)
     b.ratio, b.c = MKL_LIKE, 0.35
     for _ in range(30):
         b.observe(4, 0)
-    probes = [k for k in (b.next_k() for _ in range(40)) if k]
-    assert probes and set(probes) == {1}
-    assert b.decision is not None
+    g = b.continuation
+    ks = []
+    for _ in range(60):
+        k = b.next_k()
+        ks.append(k)
+        b.observe(k, k)  # the text turned predictable: every probe holds
+    probes = [k for k in ks if k]
+    assert probes[0] >= 2 and b.continuation > g and max(ks) >= 8, ks
 
 
 def test_auto_carries_rates_to_the_next_session_with_the_same_pair(pair, tmp_path, monkeypatch):
