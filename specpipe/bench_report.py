@@ -134,7 +134,8 @@ def verdicts(records: list[dict]) -> list[str]:
             parts.append(f"mlx-lm best K={mlx['best_k']} {mlx['best_speedup']:.2f}x -> {ours / mlx['best_speedup']:.2f} of it")
         elif anchored:
             mlx_spec = geomean([a["speedup"] for a in anchored])
-            parts.append(f"mlx-lm K={lab.get('k')} {mlx_spec:.2f}x -> {ours / mlx_spec:.2f} of it")
+            mlx_k = anchored[0]["spec"].get("num_draft_tokens", lab.get("k"))
+            parts.append(f"mlx-lm K={mlx_k} {mlx_spec:.2f}x -> {ours / mlx_spec:.2f} of it")
         forwards, drafted, steps = draft_forward_check([r["spec"] for r in rs])
         parts.append(f"draft forwards {forwards} {'<=' if forwards <= drafted + steps else '>'} drafted {drafted} + steps {steps}")
         lines.append(" | ".join(parts))
