@@ -166,3 +166,20 @@ def test_auto_corrects_a_calibration_taken_on_a_busy_machine():
     b.observe(8, 8, verify_s=0.2)  # a 9-token verify
     assert b.ratio[9] == pytest.approx(2.0) and b.ratio[5] == pytest.approx(2.0)  # measured; the rest scaled
     assert b.next_k() >= 8 and b.decision.t_verify <= 2.0 + 1e-9
+
+
+def test_auto_probes_again_at_once_after_a_probe_that_held():
+    """One rejected first probe, then a probe that held entirely: the next step probes again instead of
+    waiting twice as long (the real pair sat 16 plain steps there at 95% acceptance)."""
+    b = AutoBudget(k_max=16)
+    b.ratio, b.c = MKL_LIKE, 0.35
+    k = b.next_k()
+    b.observe(k, 0)  # the first probe is rejected
+    ks = []
+    for _ in range(24):
+        k = b.next_k()
+        ks.append(k)
+        b.observe(k, k)
+    first = next(i for i, k in enumerate(ks) if k)
+    assert all(ks[first:first + 6]), ks  # once a probe holds, drafting does not stop
+    assert max(ks) >= 8
