@@ -17,6 +17,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specpipe.budgets.fixed import FixedBudget
 from specpipe.cli import _preload_blas, prepare_argv
 
 RESULTS_NAME = "bench.jsonl"
@@ -56,7 +57,12 @@ def _task(cfg) -> None:
         kept = (f"every finished prompt is in {results} (rerun with resume=true results={results})"
                 if results.exists() else "no prompt had finished; nothing was written")
         _fail(f"stopped by {signals.name()}: {kept}", signals.exit_code())
+    from specpipe.bench_report import verdicts
+
+    for line in verdicts(records):
+        print(line)
     bad = sum(not r["tokens_match"] for r in records)
+    bad += sum(run.get("first_mismatch") is not None for r in records for run in (r.get("fixed") or {}).values())
     flag = f", {bad} TOKEN MISMATCHES (see the report)" if bad else ""
     print(f"specpipe-bench: {len(records)} prompts measured{flag} -> {results}", file=sys.stderr)
 
@@ -116,6 +122,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     # One target for both sessions: the A/B pair differs only in the drafter.
     spec = Session(session_config(cfg, cfg.draft), target=_shared_target(cfg))
     base = Session(session_config(cfg, NONE_DRAFT, BASELINE_BUDGET), target=spec.target)
+    fixed = {k: with_budget(spec, FixedBudget(k=k)) for k in sorted(set(cfg.fixed_ks or []))}
     greedy = cfg.sampling.temperature == 0
     # mlx-lm can only draft with a whole model: draft=model (incl. self), not n-gram / layer-skip / heads.
     anchor_draft = spec.drafter.engine.model if spec.drafter.name == "model" else None
@@ -149,6 +156,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         n = min(WARMUP_TOKENS, cfg.max_tokens)
         measure_specpipe(base, ids, n)
         measure_specpipe(spec, ids, n)
+        for session in fixed.values():
+            measure_specpipe(session, ids, n)
         if cfg.anchor:
             anchor_runs(ids, n)
 
@@ -161,15 +170,18 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     for i, prompt in enumerate(pending):
         ids = encode(prompt)
         # A/B interleaved, alternating which goes first so slow drift in a shared machine cancels out.
-        b_runs, s_runs = [], []
+        # Fixed-K runs join the rotation: every path of one repeat is measured back to back.
+        paths = {"baseline": base, "spec": spec, **{str(k): session for k, session in fixed.items()}}
+        runs: dict[str, list[dict]] = {name: [] for name in paths}
         for r in range(cfg.repeats):
-            if (i + r) % 2 == 0:
-                b_runs.append(measure_specpipe(base, ids, cfg.max_tokens))
-                s_runs.append(measure_specpipe(spec, ids, cfg.max_tokens))
-            else:
-                s_runs.append(measure_specpipe(spec, ids, cfg.max_tokens))
-                b_runs.append(measure_specpipe(base, ids, cfg.max_tokens))
-        b, s = median_run(b_runs), median_run(s_runs)
+            order = list(paths) if (i + r) % 2 == 0 else list(paths)[::-1]
+            for name in order:
+                runs[name].append(measure_specpipe(paths[name], ids, cfg.max_tokens))
+        b, s = median_run(runs["baseline"]), median_run(runs["spec"])
+        fixed_runs = {k: median_run(runs[k]) for k in runs if k not in ("baseline", "spec")}
+        for run in fixed_runs.values():
+            run["speedup"] = _ratio(run["decode_tok_s"], b["decode_tok_s"])
+            run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
         record = {
             "config_hash": chash, "config": snapshot, "label": label, "prompt_id": prompt["id"],
             "prompt_tokens": len(ids), "order": "baseline-first" if i % 2 == 0 else "spec-first",
@@ -179,6 +191,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "greedy": greedy,
             "first_mismatch": first_mismatch(b["token_ids"], s["token_ids"]) if greedy else None,
             "anchor": None,
+            "fixed": fixed_runs or None,
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **env,
         }
         record["tokens_match"] = record["first_mismatch"] is None
@@ -196,6 +209,15 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
     return records
+
+
+def with_budget(session, budget):
+    """The same session (target, drafter, stages) drafting under another budget: a fixed-K run beside auto."""
+    import copy
+
+    twin = copy.copy(session)
+    twin.budget = budget
+    return twin
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -248,10 +270,13 @@ def progress_line(n: int, total: int, r: dict, elapsed: float) -> str:
     if r["anchor"]:
         a = r["anchor"]
         anchor = f" | mlx-lm {a['plain']['decode_tok_s']:.1f}" + (f"/{a['spec']['decode_tok_s']:.1f}" if a["spec"] else "")
+    fixed = "".join(f" K={k} {run['speedup']:.2f}x" for k, run in (r.get("fixed") or {}).items())
+    s = r["spec"]
     return (
-        f"[bench {n}/{total}] {lab['suite']}/{r['prompt_id']} {lab['drafter']} k={lab['k']}: "
-        f"{r['baseline']['decode_tok_s']:.1f} -> {r['spec']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), "
-        f"acceptance {r['spec']['acceptance_rate']:.0%}{anchor}{mismatch} | ETA {eta:.0f}s"
+        f"[bench {n}/{total}] {lab['suite']}/{r['prompt_id']} {lab['drafter']} {lab['budget']}: "
+        f"{r['baseline']['decode_tok_s']:.1f} -> {s['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), "
+        f"acceptance {s['acceptance_rate']:.0%}, draft forwards {s.get('draft_forwards', 0)} for {s['drafted']} drafted"
+        f"{' |' + fixed if fixed else ''}{anchor}{mismatch} | ETA {eta:.0f}s"
     )
 
 

@@ -80,6 +80,7 @@ def summarize(rs: list[dict]) -> dict:
         "by_position": [_div(a, d) for a, d in zip(accepted_at, drafted_at)],
         "gaps": gaps, "base_gaps": [g for b in base for g in b["gaps_ms"]],
         "anchor": None,
+        "fixed": _fixed_sweep(rs),
     }
     anchored = [r["anchor"] for r in rs if r.get("anchor")]
     if anchored:
@@ -98,6 +99,47 @@ def summarize(rs: list[dict]) -> dict:
             "sweep": _anchor_sweep(anchored),
         }
     return out
+
+
+def _fixed_sweep(rs: list[dict]) -> dict | None:
+    """specpipe's fixed-K runs beside the budget (fixed_ks), pooled over prompts: per K geomean speed-up, the best K."""
+    swept = [r["fixed"] for r in rs if r.get("fixed")]
+    if not swept:
+        return None
+    ks = sorted({int(k) for sw in swept for k in sw})
+    per_k = {k: {"speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw])} for k in ks}
+    best = max(ks, key=lambda k: per_k[k]["speedup"])
+    return {"per_k": per_k, "best_k": best, "best_speedup": per_k[best]["speedup"]}
+
+
+def draft_forward_check(runs: list[dict]) -> tuple[int, int, int]:
+    """(draft forwards, drafted tokens, steps) summed: forwards <= drafted + steps means no waste beyond one
+    catch-up per step."""
+    return (sum(r.get("draft_forwards", 0) for r in runs), sum(r["drafted"] for r in runs), sum(r["steps"] for r in runs))
+
+
+def verdicts(records: list[dict]) -> list[str]:
+    """One line per (suite, configuration): the budget vs specpipe's best fixed K vs mlx-lm's best K, same run."""
+    lines = []
+    for rs in group_by_config(records).values():
+        lab = rs[0]["label"]
+        ours = geomean([r["speedup"] for r in rs])
+        parts = [f"verdict {lab['suite']} ({len(rs)} prompts, {config_name(lab)}): {lab.get('budget', '?')} {ours:.2f}x"]
+        fixed = _fixed_sweep(rs)
+        if fixed:
+            parts.append(f"best fixed K={fixed['best_k']} {fixed['best_speedup']:.2f}x -> {ours / fixed['best_speedup']:.2f} of it")
+        mlx = _anchor_sweep([r["anchor"] for r in rs if r.get("anchor")])
+        anchored = [r["anchor"] for r in rs if r.get("anchor") and r["anchor"].get("speedup")]
+        if mlx:
+            parts.append(f"mlx-lm best K={mlx['best_k']} {mlx['best_speedup']:.2f}x -> {ours / mlx['best_speedup']:.2f} of it")
+        elif anchored:
+            mlx_spec = geomean([a["speedup"] for a in anchored])
+            mlx_k = anchored[0]["spec"].get("num_draft_tokens", lab.get("k"))
+            parts.append(f"mlx-lm K={mlx_k} {mlx_spec:.2f}x -> {ours / mlx_spec:.2f} of it")
+        forwards, drafted, steps = draft_forward_check([r["spec"] for r in rs])
+        parts.append(f"draft forwards {forwards} {'<=' if forwards <= drafted + steps else '>'} drafted {drafted} + steps {steps}")
+        lines.append(" | ".join(parts))
+    return lines
 
 
 def _anchor_sweep(anchored: list[dict]) -> dict | None:
@@ -159,7 +201,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         "# specpipe benchmark report",
         "",
         f"- machine: {dev.get('cpu', dev.get('machine', '?'))}, mlx device {dev.get('mlx_device', '?')}, BLAS {dev.get('blas', '?')}",
-        f"- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
         f"- fixed per run: precision {first['label'].get('precision')}, max_tokens {cfg.get('max_tokens')}, batch 1, "
         f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, warm-up {cfg.get('warmup')}",
         f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from " + ", ".join(str(p) for p in sources),
@@ -216,6 +258,20 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                   f"{s['speedup']:.2f}x", f"**{s['speedup'] / s['anchor']['sweep']['best_speedup']:.2f}**"] for s in swept],
             ),
         ]
+    fixed = [s for s in summaries if s["fixed"]]
+    if fixed:
+        ks = sorted({k for s in fixed for k in s["fixed"]["per_k"]})
+        parts += [
+            "", "## The budget vs specpipe's fixed K (same run, same baseline runs)", "",
+            table(
+                ["suite", "config", *[f"K={k}" for k in ks], "best fixed", "budget", "budget / best fixed"],
+                [[s["label"]["suite"], config_name(s["label"]),
+                  *[_fmt(s["fixed"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
+                  f"{s['fixed']['best_speedup']:.2f}x (K={s['fixed']['best_k']})", f"{s['speedup']:.2f}x",
+                  f"**{s['speedup'] / s['fixed']['best_speedup']:.2f}**"] for s in fixed],
+            ),
+        ]
+    parts += ["", "## Verdict", ""] + [f"- {line}" for line in verdicts([r for rs in groups.values() for r in rs])]
     parts += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     parts += ["", "## Per prompt", ""]
     rows = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 
 import mlx.core as mx
@@ -37,12 +36,13 @@ def calibration_key(engine) -> str:
     dev = device()
     # the name too: a layer-skip view shares the target's file hash but not its cost
     name = hashlib.sha256(engine.info.name.encode()).hexdigest()[:8]
-    parts = [engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
+    # v2: minimum of 3 samples per point (v1 took the median of 2, and cached what a busy machine measured)
+    parts = ["v2", engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
     return "-".join(p.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_").replace("/", "_") for p in parts)
 
 
 def time_forwards(engine, points: list[int], repeats: int = 3) -> dict[int, float]:
-    """Median seconds of one forward over n tokens, after CONTEXT cached tokens."""
+    """Fastest of `repeats` timings of one forward over n tokens, after CONTEXT cached tokens."""
     from mlx_lm.models.cache import trim_prompt_cache
 
     cache = engine.make_cache()
@@ -58,7 +58,8 @@ def time_forwards(engine, points: list[int], repeats: int = 3) -> dict[int, floa
             mx.eval(engine.forward(ids[:n], cache))
             samples.append(time.perf_counter() - start)
             trim_prompt_cache(cache, n)
-        out[n] = statistics.median(samples)
+        # the fastest sample: interference from other processes only ever adds time (timeit's rule)
+        out[n] = min(samples)
     return out
 
 
@@ -83,7 +84,7 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
         if quick or data.get("full"):
             data["ratio"] = {int(k): v for k, v in data["ratio"].items()}
             return data
-    measured = time_forwards(engine, QUICK_POINTS if quick else FULL_POINTS, repeats=2 if quick else 3)
+    measured = time_forwards(engine, QUICK_POINTS if quick else FULL_POINTS, repeats=3)
     data = {"model": engine.info.name, "precision": engine.info.precision, "full": not quick,
             "t1_s": measured[1], "measured": measured, "ratio": interpolate(measured)}
     path.parent.mkdir(parents=True, exist_ok=True)

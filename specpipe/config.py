@@ -177,6 +177,9 @@ class BenchConfig(PipelineGroups):
     resume: bool = False  # skip (config hash, prompt id) pairs already in the results file
     results: Optional[str] = None  # results JSONL; None: <sweep or run dir>/bench.jsonl
     repeats: int = 1  # each prompt's baseline / speculative pair this many times; the median run of each is kept
+    # specpipe's own fixed K values to measure beside the configured budget (same drafter, same baseline runs);
+    # the verdict line compares the budget (e.g. auto) with the best of them and with mlx-lm's best K.
+    fixed_ks: Optional[List[int]] = None
 
 
 def register_bench() -> None:

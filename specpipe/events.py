@@ -55,12 +55,39 @@ class PrefillDone(Base, kw_only=True):
     seconds: float
 
 
+class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a budget chose this step's K (budget=auto): what a user needs to see it reason.
+
+    reason: "cost model" (K maximised the predicted speed-up), "probe" (a short
+    draft bought on thin evidence or on the probe schedule; `predicted` is then
+    the cost model's figure for that K), "plain" (no K beats plain decoding),
+    "override" (RunControl set K).
+    """
+
+    k: int
+    reason: str
+    predicted: float = 1.0  # expected speed-up of K over plain decoding, by the cost model
+    alpha: float = 0.0  # P(first drafted token accepted) it used
+    continuation: float = 0.0  # P(next accepted | previous accepted) it used
+    c: float = 0.0  # one drafted token's cost, in target steps, it used
+    t_verify: float = 0.0  # T(K+1)/T(1) it used
+
+
 class Drafted(Base, kw_only=True):
     """A drafter proposed `draft_ids` for this step (may be fewer than k).
 
     With K = 0, budget=auto may instead look back: `hindsight_ids` is what the
     drafter would have proposed for the step's last emitted tokens, of which
     the first `hindsight_matched` equal what the target chose (no verify).
+
+    Draft forwards this step, by purpose (model-running drafters; 0 for n-gram):
+    `forwards` in all = `draft_forwards` (each produced a token the target
+    verifies; on a probe step they are probe forwards) + `catchup_forwards`
+    (only fed accepted context tokens) + `hindsight_forwards` (guesses for
+    emitted tokens) + `wasted_forwards` (a token computed but not proposed,
+    e.g. a confidence stop). Catch-up normally rides in the first drafting
+    forward, so it costs no forward of its own; `catchup_tokens` counts the
+    context tokens that forward fed.
     """
 
     step: int
@@ -69,6 +96,14 @@ class Drafted(Base, kw_only=True):
     seconds: float
     hindsight_ids: list[int] = []
     hindsight_matched: int = 0
+    forwards: int = 0
+    draft_forwards: int = 0
+    catchup_forwards: int = 0
+    catchup_tokens: int = 0
+    hindsight_forwards: int = 0
+    wasted_forwards: int = 0
+    probe: bool = False
+    decision: BudgetDecision | None = None
 
 
 class Verified(Base, kw_only=True):
@@ -142,6 +177,13 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     recompute_tokens: int = 0  # tokens re-run through a model by rollback=recompute
     hindsight_checked: int = 0  # tokens budget=auto checked in hindsight while K = 0 (no verify)
     hindsight_matched: int = 0
+    # draft forwards of this run by purpose (see Drafted); draft_forwards is their sum
+    draft_forwards_drafting: int = 0  # produced a token the target verified (probes excluded)
+    draft_forwards_probe: int = 0  # drafting forwards on probe steps
+    draft_forwards_catchup: int = 0  # fed accepted context only
+    draft_forwards_hindsight: int = 0
+    draft_forwards_wasted: int = 0  # produced nothing the target verified
+    probe_steps: int = 0
 
 
 class RunFinished(Base, kw_only=True):

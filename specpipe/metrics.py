@@ -4,6 +4,9 @@ Definitions (vLLM's vocabulary):
 - acceptance rate = accepted / drafted
 - acceptance length = 1 + accepted / steps (the +1 is the recovered/bonus token)
 - tokens per forward = generated tokens / target forwards after prefill
+- draft forwards: summed from the Drafted events of this run, by purpose
+  (drafting, probe, catch-up, hindsight, wasted); never a drafter's lifetime
+  counter, which a session's earlier runs would inflate.
 - latency: per-token gaps; an emission of m tokens arriving `gap` seconds
   after the previous one counts as m gaps of gap/m (time per output token).
 """
@@ -37,6 +40,8 @@ class StatsCollector:
         self.draft_forwards = 0
         self.hindsight_checked = 0
         self.hindsight_matched = 0
+        self.forwards_by = dict.fromkeys(("drafting", "probe", "catchup", "hindsight", "wasted"), 0)
+        self.probe_steps = 0
         self._position_drafted: list[int] = []
         self._position_accepted: list[int] = []
         self._overlap: list[float] = []
@@ -59,6 +64,12 @@ class StatsCollector:
             self.drafted += len(event.draft_ids)
             self.hindsight_checked += len(event.hindsight_ids)
             self.hindsight_matched += event.hindsight_matched
+            self.draft_forwards += event.forwards
+            self.forwards_by["probe" if event.probe else "drafting"] += event.draft_forwards
+            self.forwards_by["catchup"] += event.catchup_forwards
+            self.forwards_by["hindsight"] += event.hindsight_forwards
+            self.forwards_by["wasted"] += event.wasted_forwards
+            self.probe_steps += event.probe
         elif isinstance(event, Verified):
             self.steps += 1
             n, k = len(event.accepted_ids), len(event.accepted_ids) + len(event.rejected_ids)
@@ -83,7 +94,9 @@ class StatsCollector:
     def text(self) -> str:
         return "".join(self.text_parts)
 
-    def stats(self, draft_forwards: int = 0, peak_memory_bytes: int = 0, wall_s: float = 0.0) -> RunStats:
+    def stats(self, draft_forwards: int | None = None, peak_memory_bytes: int = 0, wall_s: float = 0.0) -> RunStats:
+        """Figures so far. `draft_forwards` overrides the events' sum (recordings made before it was kept)."""
+        by = self.forwards_by
         generated = len(self.token_ids)
         decode_s = self._last_emit_t - self._prefill_end_t
         return RunStats(
@@ -91,7 +104,7 @@ class StatsCollector:
             generated_tokens=generated,
             steps=self.steps,
             target_forwards=self.steps,
-            draft_forwards=draft_forwards,
+            draft_forwards=self.draft_forwards if draft_forwards is None else draft_forwards,
             drafted=self.drafted,
             accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
@@ -108,6 +121,12 @@ class StatsCollector:
             peak_rss_bytes=peak_rss_bytes(),
             hindsight_checked=self.hindsight_checked,
             hindsight_matched=self.hindsight_matched,
+            draft_forwards_drafting=by["drafting"],
+            draft_forwards_probe=by["probe"],
+            draft_forwards_catchup=by["catchup"],
+            draft_forwards_hindsight=by["hindsight"],
+            draft_forwards_wasted=by["wasted"],
+            probe_steps=self.probe_steps,
         )
 
 

@@ -18,7 +18,7 @@ from typing import Iterator
 import mlx.core as mx
 import msgspec
 
-from specpipe.events import Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
+from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 from specpipe.stages.compare import first_false
 from specpipe.stages.draft import Draft
@@ -64,7 +64,7 @@ class SpeculativePipeline:
         def finish(reason: str) -> RunFinished:
             detok.finalize()
             stats = msgspec.structs.replace(
-                collector.stats(self.drafter.forwards, mx.get_peak_memory(), clock()),
+                collector.stats(peak_memory_bytes=mx.get_peak_memory(), wall_s=clock()),
                 rollback_strategy=self.rollback.name,
                 rollback_peak_bytes=getattr(self.rollback, "peak_bytes", 0),
                 rollback_time_s=getattr(self.rollback, "time_s", 0.0),
@@ -90,20 +90,32 @@ class SpeculativePipeline:
                     break
                 step += 1
                 # ---- draft: never more than the tokens still wanted, minus the bonus
-                k = control.k if control.k is not None else self.budget.next_k()
+                if control.k is not None:
+                    k, decision = control.k, BudgetDecision(k=control.k, reason="override")
+                else:
+                    k, decision = self.budget.next_k(), getattr(self.budget, "decision", None)
                 k = min(k, max_tokens - len(output) - 1)
                 s = time.perf_counter()
                 draft_start = self.drafter.cached_len
                 if self.drafter.cache is not None:
                     self.rollback.before_forward(self.drafter.cache)
+                f0 = self.drafter.forwards
                 draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
+                f1 = self.drafter.forwards
                 draft.token_ids = draft.token_ids[: max(k, 0)]
                 k_eff = len(draft.token_ids)
                 looked_back, matched = self._hindsight(k, len(output), context) if control.k is None else ([], 0)
                 draft_s = time.perf_counter() - s
+                # every draft forward of this step, by purpose: what proposed a verified token, what did not
+                drafting = min(f1 - f0 - draft.catchup_forwards, k_eff)
                 yield emit(Drafted(
                     t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s,
                     hindsight_ids=looked_back, hindsight_matched=matched,
+                    forwards=self.drafter.forwards - f0, draft_forwards=drafting,
+                    catchup_forwards=draft.catchup_forwards, catchup_tokens=draft.catchup_tokens,
+                    hindsight_forwards=self.drafter.forwards - f1,
+                    wasted_forwards=f1 - f0 - draft.catchup_forwards - drafting,
+                    probe=decision is not None and decision.reason == "probe" and k_eff > 0, decision=decision,
                 ))
 
                 # ---- verify + compare + bonus

@@ -4,7 +4,6 @@ that runs the pipeline directly (no Hydra) and returns ids + final event."""
 from __future__ import annotations
 
 import os
-import sys
 
 # Load the optimised BLAS (if any) before mlx, as the CLI does.
 try:

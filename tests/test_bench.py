@@ -27,7 +27,7 @@ from specpipe.bench_records import (
     suite_names,
 )
 from specpipe.bench_report import main as report_main
-from specpipe.bench_report import write_report
+from specpipe.bench_report import verdicts, write_report
 from specpipe.events import Verified
 
 PLOTS = ("speedup_vs_k.png", "acceptance_by_position.png", "latency_cdf.png", "memory_vs_k.png")
@@ -128,6 +128,26 @@ def test_mlx_lm_num_draft_tokens_sweep(tmp_path, suite_file):
         assert all(run["first_mismatch"] is None and run["num_draft_tokens"] == int(k) for k, run in sweep.items())
     text = write_report(results).read_text()
     assert "num_draft_tokens sweep" in text and "mlx-lm K=1" in text and "mlx-lm best" in text
+
+
+def test_fixed_ks_beside_auto_and_the_verdict(tmp_path, suite_file, monkeypatch):
+    """fixed_ks measures specpipe's fixed K on the same drafter against the same baseline; the verdict line
+    compares auto with the best of them and with mlx-lm's best K, and checks the draft forward accounting."""
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    results = tmp_path / "bench.jsonl"
+    cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "draft=model", "draft.model=self", "budget=auto",
+                    "fixed_ks=[2,4]", "anchor_ks=[2,4]", f"results={results}")
+    records = run_bench(cfg, results, log=quiet)
+    for r in records:
+        assert set(r["fixed"]) == {"2", "4"}
+        for run in r["fixed"].values():
+            assert run["first_mismatch"] is None and run["speedup"] > 0
+            assert run["draft_forwards"] <= run["drafted"] + run["steps"]  # per run, not the drafter's lifetime
+        assert r["fixed"]["4"]["drafted"] > 0 and r["fixed"]["4"]["acceptance_rate"] == 1.0
+    (line,) = verdicts(records)
+    assert line.startswith("verdict ") and "best fixed K=" in line and "mlx-lm best K=" in line and "<= drafted" in line
+    text = write_report(results).read_text()
+    assert "budget / best fixed" in text and "## Verdict" in text
 
 
 def test_repeats_keep_the_median_run(tmp_path, suite_file):

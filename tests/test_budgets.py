@@ -102,6 +102,7 @@ def test_auto_learns_acceptance_and_probes_while_off():
     assert b.best_k() == 0
     ks = [b.next_k() for _ in range(b.probe_every)]
     assert ks[:-1] == [0] * (b.probe_every - 1) and ks[-1] == b.probe_k
+    assert b.decision.reason == "probe" and b.decision.k == b.probe_k
 
 
 def probe_gaps(b, steps: int, accept: int = 0) -> list[int]:

@@ -1,12 +1,16 @@
 """`budget=auto`: pick K each step from a cost model; K = 0 (plain decoding)
-when no K is expected to beat it.
+when no K is expected to beat it. Each choice is logged (`decision`, carried
+by the step's Drafted event): K, the predicted speed-up and the rates used.
 
 Expected speed-up of K (calibrate.expected_speedup) uses the device's
 measured verify cost T(K+1)/T(1), the drafter's cost c per drafted token,
-and the acceptance alpha estimated online. When alpha says "plain" but alpha
-plus one standard error says "draft" (thin evidence, e.g. one rejected
-probe), the step drafts a short probe instead: the bandit's rule for acting
-on little evidence, without betting a long draft on it.
+and the acceptance rates estimated online. When the rates say "plain" but
+the rates plus one standard error say "draft" (thin evidence, e.g. one
+rejected probe), the step drafts a probe of the K that pays on those
+optimistic rates: the bandit's rule for acting on little evidence. A draft
+model that agrees 95% of the time thus proves itself on a long draft within
+a step or two; a fixed 2-token probe proved little about long drafts and,
+where T(3) costs as much as T(9) (MKL on a 2-core CPU), cost as much.
 
 Acceptance is two rates, each a success / trial count with exponential
 forgetting so it follows the text: alpha, that the first drafted token is
@@ -15,30 +19,45 @@ before it was. Drafts are bursty (an n-gram that matched a copied span keeps
 matching: on code, 44% first-token acceptance but ~80-100% after that), so
 one geometric rate would undervalue long drafts exactly where they pay.
 
-While K = 0 is chosen, a short draft every `probe_every` steps keeps alpha
-fresh; each probe that leaves K at 0 doubles the wait (up to `probe_max`),
-so text the drafter cannot predict costs a few probes, not one every 8
-steps. The very first K = 0 decision probes at once, so a prior
-that says "plain" does not cost a run its first steps.
+While K = 0 is chosen, a draft every `probe_every` steps keeps the rates
+fresh (at least probe_k tokens: a one-token probe says nothing about the
+continuation, which then stays at its prior and keeps long drafts priced
+out; measured on the real pair, 61 steps at 95% acceptance with 4 drafted
+tokens); a probe that held entirely is followed by another at once (on
+the real pair the doubled wait after such a probe cost 16 plain steps at
+95% acceptance); any other probe that leaves K at 0 doubles the wait (up to `probe_max`), so text the drafter
+cannot predict costs a few probes, not one every 8 steps. The very first
+K = 0 decision probes at once, so a prior that says "plain" does not cost a
+run its first steps.
 
 Drafters that can guess tokens the target already emitted without a target
 forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
-c starts from the calibration (a draft model timed alone; for a drafter
-running part of the target, its share of the target's weight bytes) and
-then follows the run: each step's draft seconds per drafted token over the target step time
-implied by that step's verify (verify seconds / T(k+1)/T(1)). Alone, a draft
-model can time slower than inside the loop, and a too-high c under-drafts.
+c starts from the calibration (a draft model timed alone on this device; for
+a drafter running part of the target, its share of the target's weight
+bytes) and then follows the run: each step's draft seconds per drafted token
+over the target step time implied by that step's verify (verify seconds /
+T(k+1)/T(1)).
+
+Rates and c carry over: one budget serves every turn of a Session, and a new
+Session of this process with the same target and drafter starts from what
+the last one learned (as a light prior, CARRY_TRIALS trials' worth).
 """
 
 from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
+from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
+MEASURED_FORGET = 0.8  # verify timings follow the machine's load faster than acceptance follows the text
+CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
+# (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
+# sweep job) starts from them instead of the 0.5 prior. Within a session one budget serves every turn.
+_LEARNED: dict[tuple, dict] = {}
 
 
 class AutoBudget:
@@ -65,6 +84,7 @@ class AutoBudget:
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
+        self._seconds: dict[int, float] = {}  # n -> this run's verify seconds over n tokens (forgetting average)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         if target is not None:
@@ -75,7 +95,50 @@ class AutoBudget:
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
         self.hindsight = hasattr(drafter, "hindsight")
         self.hindsight_k = 0
+        self.decision: BudgetDecision | None = None  # why the last next_k chose its K
+        self._key = _pair_key(target, drafter)
+        self._carry_in(_LEARNED.get(self._key))
         self.k = self.best_k()
+
+    @property
+    def ratio(self) -> dict[int, float]:
+        """T(n)/T(1) the cost model uses: the calibrated curve, corrected by this run's verify timings."""
+        return self._curve
+
+    @ratio.setter
+    def ratio(self, calibrated: dict[int, float]) -> None:
+        self._calibrated = dict(calibrated)
+        self._seconds.clear()
+        self._curve = dict(calibrated)
+
+    def _observe_verify(self, n: int, seconds: float) -> None:
+        """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
+        measured points replace the calibration's and the rest of the curve is scaled by the median
+        measured / calibrated ratio: a calibration taken while another process held the cores (seen: T(2)
+        = 16 for SmolLM2 under MKL) must not keep auto from drafting for the whole run."""
+        old = self._seconds.get(n)
+        self._seconds[n] = seconds if old is None else MEASURED_FORGET * old + (1 - MEASURED_FORGET) * seconds
+        t1 = self._seconds.get(1)
+        if not t1:
+            return
+        measured = {m: max(1.0, t / t1) for m, t in self._seconds.items() if m > 1 and m in self._calibrated}
+        if not measured:
+            return
+        scale = sorted(measured[m] / self._calibrated[m] for m in measured)[len(measured) // 2]
+        self._curve = {m: measured.get(m, max(1.0, r * scale)) for m, r in self._calibrated.items()}
+        self._curve[1] = 1.0
+
+    def _carry_in(self, learned: dict | None) -> None:
+        """Start from an earlier session's rates for the same pair, scaled to CARRY_TRIALS' weight."""
+        if not learned:
+            return
+        scale = lambda counts: [x * min(1.0, CARRY_TRIALS / sum(counts)) for x in counts]  # noqa: E731
+        self._first, self._next = scale(learned["first"]), scale(learned["next"])
+        self.c = learned["c"]
+
+    def _carry_out(self) -> None:
+        if self._key is not None:
+            _LEARNED[self._key] = {"first": list(self._first), "next": list(self._next), "c": self.c}
 
     @property
     def alpha(self) -> float:
@@ -101,22 +164,42 @@ class AutoBudget:
         With forgetting the evidence saturates near 1 / (1 - forget) steps' worth, so the bonus shrinks
         to a few points once acceptance is known; where speculation cannot pay it still decides K = 0.
         """
-        n = sum(self._first)
-        a = self.alpha
-        return min(1.0, a + (a * (1 - a) / n) ** 0.5)
+        return _optimistic(self._first)
 
-    def _best(self, alpha: float) -> int:
+    @property
+    def continuation_optimistic(self) -> float:
+        return _optimistic(self._next)
+
+    def _best(self, alpha: float, g: float | None = None) -> int:
         from specpipe.calibrate import expected_speedup
 
-        g = self.continuation
+        g = self.continuation if g is None else g
         scores = {k: expected_speedup(alpha, k, self.c, self.ratio, g) for k in range(0, self.k_max + 1)}
         return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
+
+    def _probe_size(self) -> int:
+        """A probe's K, priced by the cost model on the optimistic rates: the draft that would pay
+        if acceptance is as good as the evidence allows, and never under probe_k. A short probe on a drafter that agrees 95%
+        of the time proves little about long drafts and, where T(3) costs as much as T(9), costs as much."""
+        return max(self.probe_k, self._best(self.alpha_optimistic, self.continuation_optimistic))
+
+    def _decide(self, k: int, reason: str) -> int:
+        """Record why this step drafts k (the step's Drafted event carries it) and return k."""
+        from specpipe.calibrate import expected_speedup
+
+        a, g = (self.alpha_optimistic, self.continuation_optimistic) if reason == "probe" else (self.alpha, self.continuation)
+        self.decision = BudgetDecision(
+            k=k, reason=reason, predicted=round(expected_speedup(a, k, self.c, self.ratio, g), 4),
+            alpha=round(a, 4), continuation=round(g, 4), c=round(self.c, 4),
+            t_verify=round(self.ratio[min(k + 1, max(self.ratio))], 4),
+        )
+        return k
 
     def best_k(self) -> int:
         """K by the cost model; probe_k when only the optimistic alpha says drafting pays."""
         k = self._best(self.alpha)
-        if k == 0 and self._best(self.alpha_optimistic) > 0:
-            return self.probe_k  # optimism buys a short probe, never a long draft on thin evidence
+        if k == 0 and self._best(self.alpha_optimistic, self.continuation_optimistic) > 0:
+            return self._probe_size()
         return k
 
     def next_k(self) -> int:
@@ -126,22 +209,22 @@ class AutoBudget:
         if self.k > 0:
             self._since_probe = 0  # counts plain steps since the last draft or probe
             self._probe_wait = self.probe_every  # drafting pays: once it stops, probe after probe_every
-            return self.k
-        thin = self._best(self.alpha_optimistic) > 0
+            return self._decide(self.k, "cost model")
+        thin = self._best(self.alpha_optimistic, self.continuation_optimistic) > 0
         self._since_probe += 1
         if self.hindsight:
             # A look back costs no verify: take one on thin evidence, every step when drafting is
             # free (n-gram), else on the probe schedule; one token only when each costs an LM head.
             if thin or self.c * self.probe_k < FREE or self._since_probe >= self._probe_wait:
                 self.hindsight_k = self.probe_k if self.c * self.probe_k < FREE else 1
-            return 0
-        if thin:  # optimism buys a short probe, never a long draft on thin evidence
+            return self._decide(0, "plain")
+        if thin:  # optimism buys a probe as long as the optimistic rates say pays
             self._since_probe, self._probe_wait = 0, self.probe_every
-            self.k = self.probe_k
+            self.k = self._probe_size()
         elif self._since_probe >= self._probe_wait:
             self._advance_probe_schedule()
-            self.k = self.probe_k
-        return self.k
+            self.k = self._probe_size()
+        return self._decide(self.k, "probe" if self.k else "plain")
 
     def _advance_probe_schedule(self) -> None:
         """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
@@ -155,15 +238,37 @@ class AutoBudget:
             self._advance_probe_schedule()
         if checked:
             self._count(checked, matched)
+            self._carry_out()
 
     def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
+        if verify_s:
+            self._observe_verify(drafted + 1, verify_s)
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
         self._count(drafted, accepted)
+        if accepted == drafted and self.decision is not None and self.decision.reason == "probe":
+            # a probe that held entirely is a lead, not a reason to wait longer: probe again next step
+            self._since_probe, self._probe_wait = 0, 1
         # Only steps after a drafting step: after plain steps a model drafter first catches up on the
         # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
         if draft_s is not None and verify_s and self._drafted_before:
             t1 = verify_s / self.ratio[min(drafted + 1, max(self.ratio))]  # this step's implied T(1)
             self.c = self.forget * self.c + (1 - self.forget) * (draft_s / drafted) / t1
         self._drafted_before = True
+        self._carry_out()
+
+
+def _pair_key(target, drafter) -> tuple | None:
+    """Which learned rates apply: the target and the drafter (with its model, if any) by name."""
+    if target is None or drafter is None:
+        return None
+    engine = getattr(drafter, "engine", None)
+    return (target.info.name, target.info.precision, drafter.name, engine.info.name if engine is not None else "")
+
+
+def _optimistic(counts: list[float]) -> float:
+    """A [successes, failures] rate plus one standard error (at most 1)."""
+    n = sum(counts)
+    m = counts[0] / n
+    return min(1.0, m + (m * (1 - m) / n) ** 0.5)

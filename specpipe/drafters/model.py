@@ -56,8 +56,9 @@ class ModelDrafter:
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft(token_ids=[])
-        # Feed what the draft cache has not seen yet (at least the last token),
-        # then chain k greedy steps. The graph is built lazily and evaluated
+        # Feed what the draft cache has not seen yet (at least the last token) in
+        # the first drafting forward: a catch-up over accepted tokens costs no
+        # forward of its own. Then chain k - 1 more greedy steps. The graph is built lazily and evaluated
         # once at the end: no host round trip per drafted token.
         # With a confidence floor each token is checked on the host before the next.
         y = mx.array(context_ids[self.cached_len :], dtype=mx.uint32)
@@ -82,8 +83,9 @@ class ModelDrafter:
             tokens.append(y)
             if q is not None:
                 q_rows.append(q)
+        catchup = len(context_ids) - self.cached_len - 1  # accepted tokens fed beside the newest one
         self.cached_len += fed
         if not tokens:
-            return Draft(token_ids=[])
+            return Draft(token_ids=[], catchup_tokens=catchup)
         draft_ids = mx.concatenate(tokens).tolist()
-        return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None)
+        return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None, catchup_tokens=catchup)

@@ -21,10 +21,16 @@ class Draft:
     token_ids: the proposed ids, len <= k.
     probs: [len, vocab] draft distribution per position when the drafter has
         one (model drafters), None for point-mass drafters such as n-gram.
+    catchup_tokens: context tokens the drafter fed before drafting (tokens
+        emitted since its last forward), for the step's accounting.
+    catchup_forwards: forwards spent only on that catch-up (0 when it rides
+        in the first drafting forward, as the model drafter does).
     """
 
     token_ids: list[int]
     probs: Any = None
+    catchup_tokens: int = 0
+    catchup_forwards: int = 0
 
 
 class Drafter(Protocol):
@@ -32,7 +38,7 @@ class Drafter(Protocol):
     engine: Any  # the Engine it runs, or None (n-gram, none)
     cache: list | None  # its own cache, trimmed by the rollback stage
     cached_len: int  # context tokens held in `cache`
-    forwards: int  # model forwards spent drafting so far
+    forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
