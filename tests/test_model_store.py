@@ -193,6 +193,9 @@ def test_main_list(capsys):
     out = capsys.readouterr().out
     for name in ms.PACKAGED_MODELS:
         assert name in out
+    # A model the loader refuses is marked as such, so nobody fetches 241 MB to find out.
+    (gemma,) = [line for line in out.splitlines() if line.startswith("gemma3-270m")]
+    assert "cannot load gemma3" in gemma
 
 
 def test_resolve_hf_cache(tmp_path, monkeypatch):

@@ -360,9 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "list":
             print(f"cache: {cache_dir() / 'models'}")
+            from specpipe.engine.loader import UNSUPPORTED_PACKAGED  # here: the loader imports this module
+
             for spec in PACKAGED_MODELS.values():
                 state = "cached" if _marker_ok(spec, _target(spec)) else "-"
-                print(f"{spec.name:<22} {spec.size_mb:>6} MB  {len(spec.packages):>2} pkg  {state}")
+                arch = UNSUPPORTED_PACKAGED.get(spec.name)
+                note = f"  (fetch only: specpipe cannot load {arch} GGUFs yet)" if arch else ""
+                print(f"{spec.name:<22} {spec.size_mb:>6} MB  {len(spec.packages):>2} pkg  {state}{note}")
         elif args.cmd == "fetch":
             for n in args.names:
                 _spec(n)  # fail on a typo before downloading anything
