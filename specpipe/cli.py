@@ -221,14 +221,13 @@ def describe_config_error(exc: Exception) -> str:
     return "bad configuration: " + " ".join(text.split())
 
 
-_TAKES_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p", "--package",
-                "-c", "--cfg", "-sc", "--shell-completion", "--experimental-rerun"}
-_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
 def _flags_first(argv: list[str]) -> list[str]:
     """Hydra's flags (with their values) before the overrides: Hydra's argparse rejects overrides
     that follow a flag (`a=1 -m b=2` fails with "unrecognized arguments: b=2")."""
+    from specpipe.prompt_args import FLAGS_WITH_VALUE, INFO_VALUES
+
     flags, overrides, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
@@ -236,7 +235,7 @@ def _flags_first(argv: list[str]) -> list[str]:
             flags.append(arg)
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and not nxt.startswith("-") and "=" not in arg and (
-                    arg in _TAKES_VALUE or (arg in ("-i", "--info") and nxt in _INFO_VALUES)):
+                    arg in FLAGS_WITH_VALUE or (arg in ("-i", "--info") and nxt in INFO_VALUES)):
                 flags.append(nxt)
                 i += 1
         else:
@@ -247,11 +246,13 @@ def _flags_first(argv: list[str]) -> list[str]:
 
 def _overrides_only(argv: list[str]) -> list[str]:
     """argv without Hydra's flags and their values (`-cp DIR`, `-cn NAME`, `-m`)."""
+    from specpipe.prompt_args import FLAGS_WITH_VALUE
+
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a in _TAKES_VALUE:
+        elif a in FLAGS_WITH_VALUE:
             skip = True
         elif not a.startswith("-"):
             out.append(a)

@@ -23,9 +23,10 @@ from typing import TextIO
 TEXT_KEYS = ("prompt.text", "prompt.system")  # free text: quoted when Hydra's grammar would reject it
 _OVERRIDE = re.compile(r"^(~[A-Za-z_][\w.@/-]*(=.*)?$|\+{0,2}[A-Za-z_][\w.@/-]*=)")  # key=v, ++key=v, ~key, hydra/launcher=x
 # Hydra's flags that take the next argument as their value (not a prompt); --info's value is optional.
-_FLAG_VALUES = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
-                "-sc", "--shell-completion", "--experimental-rerun", "--rerun"}
-_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+# cli.py reads the same tables to move flags before overrides.
+FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
+                    "-sc", "--shell-completion", "--experimental-rerun", "--rerun"}
+INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
 class PromptArgError(ValueError):
@@ -69,8 +70,8 @@ def expand_prompt_args(argv: list[str], stdin: TextIO | None = None) -> list[str
             texts.append(("--prompt-file", _read(arg.partition("=")[2], stdin)))
         elif arg.startswith("prompt.file="):
             texts.append(("prompt.file", _read(arg.partition("=")[2], stdin)))
-        elif (arg in _FLAG_VALUES or arg in ("-i", "--info")) and i + 1 < len(argv) and not argv[i + 1].startswith("-") \
-                and (arg in _FLAG_VALUES or argv[i + 1] in _INFO_VALUES):
+        elif (arg in FLAGS_WITH_VALUE or arg in ("-i", "--info")) and i + 1 < len(argv) and not argv[i + 1].startswith("-") \
+                and (arg in FLAGS_WITH_VALUE or argv[i + 1] in INFO_VALUES):
             out += [arg, argv[i + 1]]
             i += 1
         elif arg == "-":
