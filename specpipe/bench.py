@@ -18,45 +18,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.cli import _preload_blas, prepare_argv
+from specpipe.cli.shell import Stopped, hydra_main
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
-NONE_DRAFT = {"_target_": "specpipe.drafters.none.NoneDrafter", "_partial_": True, "name": "none"}
-# The baseline drafts nothing, so its budget only has to exist: a fixed one skips any calibration.
-BASELINE_BUDGET = {"_target_": "specpipe.budgets.fixed.FixedBudget", "_partial_": True, "name": "fixed", "k": 1}
 SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "max_tokens")
 
 _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one process, so load once
 
 
 def main() -> None:
-    from specpipe import signals
-
-    signals.install()  # SIGTERM / SIGHUP stop between prompts as Ctrl-C does
-    _preload_blas()
-    prepare_argv("bench", "specpipe-bench", prompts=False)
-    import hydra
-
-    import specpipe.config  # noqa: F401  (registers the schemas)
-
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="bench")(_task)()
+    hydra_main("specpipe-bench", "bench", _task, interrupted=": no prompt had finished; nothing was written")
 
 
 def _task(cfg) -> None:
-    _preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped main()
-    from specpipe import signals
-    from specpipe.errors import SpecpipeError
-
     results = Path(cfg.results) if cfg.results else _hydra_results_dir() / RESULTS_NAME
     try:
         records = run_bench(cfg, results)
-    except SpecpipeError as exc:
-        _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        kept = (f"every finished prompt is in {results} (rerun with resume=true results={results})"
-                if results.exists() else "no prompt had finished; nothing was written")
-        _fail(f"stopped by {signals.name()}: {kept}", signals.exit_code())
+        if not results.exists():
+            raise
+        raise Stopped(f": every finished prompt is in {results} (rerun with resume=true results={results})") from None
     from specpipe.bench_report import verdicts
 
     for line in verdicts(records):
@@ -74,11 +56,6 @@ def _hydra_results_dir() -> Path:
 
     hc = HydraConfig.get()
     return Path(hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.runtime.output_dir)
-
-
-def _fail(message: str, code: int) -> None:
-    print(f"specpipe-bench: error: {message}", file=sys.stderr)
-    sys.exit(code)
 
 
 # ---------------------------------------------------------------- the measurement loop
@@ -100,6 +77,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from specpipe import signals
     from specpipe.bench_measure import measure_mlx_lm, measure_specpipe
     from specpipe.bench_records import ResultsFile, config_hash, first_mismatch, load_suite
+    from specpipe.config_groups import group_option
     from specpipe.errors import SpecpipeError
     from specpipe.runner import device, versions
     from specpipe.session import Session
@@ -121,7 +99,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
 
     # One target for both sessions: the A/B pair differs only in the drafter.
     spec = Session(session_config(cfg, cfg.draft), target=_shared_target(cfg))
-    base = Session(session_config(cfg, NONE_DRAFT, BASELINE_BUDGET), target=spec.target)
+    # The baseline drafts nothing, so its budget only has to exist: a fixed one skips any calibration.
+    baseline = session_config(cfg, group_option("draft", "none"), group_option("budget", "fixed", k=1))
+    base = Session(baseline, target=spec.target)
     fixed = {k: with_budget(spec, FixedBudget(k=k)) for k in sorted(set(cfg.fixed_ks or []))}
     greedy = cfg.sampling.temperature == 0
     # mlx-lm can only draft with a whole model: draft=model (incl. self), not n-gram / layer-skip / heads.

@@ -179,3 +179,12 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def hydra_output_dir() -> str | None:
+    """This job's run folder while Hydra runs it, else None (a library call)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.output_dir
+    return None

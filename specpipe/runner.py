@@ -23,7 +23,7 @@ from specpipe import signals
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
 from specpipe.metrics import StatsCollector
-from specpipe.run_folder import claim, free_space, reserve_space, write_atomic
+from specpipe.run_folder import claim, free_space, hydra_output_dir, reserve_space, write_atomic
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -62,7 +62,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
     from specpipe.session import Session
 
     option = "output_dir" if cfg.get("output_dir") else "hydra.run.dir"
-    out = claim(out_dir or cfg.get("output_dir") or _hydra_dir() or "outputs/last", option)
+    out = claim(out_dir or cfg.get("output_dir") or hydra_output_dir() or "outputs/last", option)
     session = Session(cfg)
     prompt_ids = session.encode()
     try:
@@ -122,7 +122,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
                 break
             except SpecpipeError:
                 continue
-        if not _hydra_dir():
+        if not hydra_output_dir():
             try:
                 write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg).encode())
             except SpecpipeError:
@@ -140,14 +140,6 @@ def _try_write(writer: EventWriter, event: Event) -> None:
         writer.write(event)
     except OSError:
         pass  # writer.failed says so; the file still ends with a whole line
-
-
-def _hydra_dir() -> str | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        return HydraConfig.get().runtime.output_dir
-    return None
 
 
 def versions() -> dict[str, str]:

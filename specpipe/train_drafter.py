@@ -35,7 +35,8 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 from specpipe.drafters.layerskip import llama_parts  # noqa: E402
 from specpipe.drafters.mtp_head import default_head_dir, new_head, save_head  # noqa: E402
 from specpipe import signals  # noqa: E402
-from specpipe.errors import EXIT_CONFIG, SpecpipeError  # noqa: E402
+from specpipe.cli.shell import Stopped, hydra_main  # noqa: E402
+from specpipe.errors import SpecpipeError  # noqa: E402
 from specpipe.run_folder import write_atomic  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
@@ -250,7 +251,7 @@ def train(cfg) -> Path:
                     _save_state(state_dir, head, opt, step)
                     save_head(head, out, {**meta, "steps": step, "loss": losses[-1], "held_out_agreement": []})
             where = f"checkpoint at step {step}/{cfg.steps} in {state_dir}" if step else "no step was trained"
-            raise TrainingStopped(f"{where}; rerun the same command to resume") from None
+            raise Stopped(f": {where}; rerun the same command to resume") from None
     agree = held_out_agreement(head, inner, lm_head, data, held)
     with signals.deferred(then_raise=False):  # training is done: a late stop must not cut the head file
         save_head(head, out, {**meta, "steps": step, "loss": losses[-1] if losses else None, "held_out_agreement": agree,
@@ -261,17 +262,8 @@ def train(cfg) -> Path:
     return out
 
 
-def _fail(message: str, code: int) -> None:
-    print(f"specpipe-train-drafter: error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def _pct(values: list[float]) -> str:
     return " / ".join(f"{v:.0%}" for v in values) if values else "n/a (under 32 sequences)"
-
-
-class TrainingStopped(Exception):
-    """A stop signal ended training; the message says what was saved."""
 
 
 def _save_state(folder: Path, head, opt, step: int) -> None:
@@ -296,30 +288,7 @@ def _load_state(folder: Path, head, opt) -> int:
 
 def main() -> None:
     """Console entry: Hydra app over conf/train_drafter.yaml; errors become one line (docs/faults.md)."""
-    import hydra
-
-    import specpipe.config  # noqa: F401  (registers the schemas)
-    from specpipe.cli import _is_hydra_meta, validate_overrides
-    from specpipe.run_folder import claim_override
-
-    signals.install()  # SIGTERM / SIGHUP stop training as Ctrl-C does: checkpoint, one line
-    argv = sys.argv[1:]
-    if not _is_hydra_meta(argv):
-        message = validate_overrides(argv, config_name="train_drafter", tool="specpipe-train-drafter") or claim_override(argv)
-        if message:
-            _fail(message, EXIT_CONFIG)
-
-    def task(cfg) -> None:
-        try:
-            train(cfg)
-        except SpecpipeError as exc:
-            _fail(str(exc), exc.exit_code)
-        except TrainingStopped as exc:
-            _fail(f"stopped by {signals.name()}: {exc}", signals.exit_code())
-        except KeyboardInterrupt:
-            _fail(f"stopped by {signals.name()} before training started; nothing was saved", signals.exit_code())
-
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="train_drafter")(task)()
+    hydra_main("specpipe-train-drafter", "train_drafter", train, interrupted=" before training started; nothing was saved")
 
 
 if __name__ == "__main__":

@@ -207,3 +207,25 @@ def test_a_run_that_fails_before_generating_leaves_no_run_folder(tmp_path, args,
     proc = specpipe(["model=tiny-random", *args], tmp_path)
     assert proc.returncode == code, proc.stderr
     assert list(tmp_path.glob("outputs/*/*")) == []
+
+
+SHELLS = {  # every console script that composes a Hydra config goes through specpipe/cli/shell.py
+    "specpipe": "specpipe.cli",
+    "specpipe-bench": "specpipe.bench",
+    "specpipe-calibrate": "specpipe.cli.calibrate",
+    "specpipe-train-drafter": "specpipe.train_drafter",
+    "specpipe-serve": "specpipe.serve.cli",
+    "specpipe-chat": "tui.cli",
+}
+
+
+@pytest.mark.parametrize("tool", sorted(SHELLS))
+def test_every_command_has_the_same_shell(tool, tmp_path):
+    """A misspelled key is one line and exit 2 in every command, before anything loads (the trainer used to
+    skip the check), and no run folder is left behind."""
+    proc = subprocess.run([sys.executable, "-m", SHELLS[tool], "model=tiny-random", "+budget.kk=3"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{tool}: error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "outputs").exists()

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 import specpipe.config  # noqa: F401
 from conftest import CONF_DIR, tiny
-from specpipe.cli import validate_overrides
+from specpipe.cli.argv import validate_overrides
 from specpipe.errors import SpecpipeError
 
 GROUPS = ["model", "draft", "quant", "budget", "rollback", "compare", "sampling", "prompt", "experiment"]

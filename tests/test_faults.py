@@ -387,7 +387,7 @@ def test_unsupported_packaged_model_is_refused_before_download(tmp_path, monkeyp
     ],
 )
 def test_bad_values_exit_2_before_anything_loads(tmp_path, override, words):
-    from specpipe.cli import validate_overrides
+    from specpipe.cli.argv import validate_overrides
 
     assert words in validate_overrides(["model=tiny-random", override])
     if override.startswith("sampling.seed=-"):  # and end to end: exit 2, one line, no run folder
@@ -419,7 +419,7 @@ def test_every_numeric_option_fails_cleanly_or_runs(data):
     from hydra import compose, initialize_config_module
 
     import specpipe.config  # noqa: F401
-    from specpipe.cli import validate_overrides
+    from specpipe.cli.argv import validate_overrides
     from specpipe.errors import SpecpipeError
     from specpipe.session import Session
 

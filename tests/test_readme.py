@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MODULES = {"specpipe": "specpipe.cli", "specpipe-bench": "specpipe.bench", "specpipe-calibrate": "specpipe.calibrate_cli",
+MODULES = {"specpipe": "specpipe.cli.generate", "specpipe-bench": "specpipe.bench", "specpipe-calibrate": "specpipe.cli.calibrate",
            "specpipe-train-drafter": "specpipe.train_drafter", "specpipe-chat": "tui.cli",
            "specpipe-models": "specpipe.engine.model_store", "specpipe-bench-report": "specpipe.bench_report",
            "specpipe-serve": "specpipe.serve.cli"}
@@ -46,7 +46,7 @@ def docs_commands() -> list[str]:
 def compose(words: list[str]) -> str | None:
     """The config check `specpipe ... --cfg job` does, in this process: a one-line message or None."""
     import specpipe.serve.config  # noqa: F401  (the serve schema)
-    from specpipe.cli import _flags_first, rerun_args, validate_overrides
+    from specpipe.cli.argv import flags_first as _flags_first, rerun_args, validate_overrides
     from specpipe.prompt_args import expand_prompt_args
 
     tool, args = words[0], _flags_first(expand_prompt_args(rerun_args(words[1:])))
@@ -68,7 +68,7 @@ def _argv(line: str) -> tuple[list[str], str | None]:
 def workdir(tmp_path_factory, smollm2_gguf):
     folder = tmp_path_factory.mktemp("readme")
     (folder / "task.txt").write_text("Rename x to y in: def f(x): return x + 1\n")
-    made = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", "max_tokens=2", "hi"],
+    made = subprocess.run([sys.executable, "-m", "specpipe.cli.generate", "model=tiny-random", "max_tokens=2", "hi"],
                           cwd=folder, capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     (run,) = list(folder.glob("outputs/*/*"))

@@ -18,7 +18,8 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from specpipe.cli import EXIT_CONFIG, _is_hydra_meta, _preload_blas, prepare_argv, validate_overrides
+from specpipe.cli.argv import is_hydra_meta, validate_overrides
+from specpipe.cli.shell import EXIT_CONFIG, hydra_main, hydra_output_dir, preload_blas
 
 DEFAULT_PORT = 8000
 GROUPS = ("model", "draft", "quant", "budget", "rollback", "sampling", "compare", "prompt", "experiment")
@@ -112,14 +113,9 @@ specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://
 def _live(rest: list[str]) -> None:
     if "-h" in rest or "--help" in rest:
         print(USAGE)
-    _preload_blas()
     sys.argv = sys.argv[:1] + rest  # Hydra reads sys.argv
-    prepare_argv("config", "specpipe-chat")  # prompt forms as in specpipe, the override check, one-line errors
-    import hydra
-
-    import specpipe.config  # noqa: F401  (registers the schemas)
-
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="config")(_task)()
+    # prompt forms as in specpipe, the override check, one-line errors
+    hydra_main("specpipe-chat", "config", _task, prompts=True)
 
 
 def _task(cfg) -> None:
@@ -127,9 +123,7 @@ def _task(cfg) -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
-    from specpipe.runner import _hydra_dir
-
-    out = Path(_hydra_dir() or "outputs/chat")
+    out = Path(hydra_output_dir() or "outputs/chat")
     # The CLI's prompt is the chat's first message, when the user named one (the default is only an example).
     asked = any(o.split("=", 1)[0] in ("prompt", "prompt.text", "+prompt.text") for o in HydraConfig.get().overrides.task)
     _run_live(cfg, out, first_message=cfg.prompt.text if asked else None)
@@ -174,7 +168,7 @@ def _resume(path: str, overrides: list[str]) -> None:
         cfg = recorded_config(events, overrides)
     except ValueError as exc:
         _fail(f"cannot resume {path}: {exc}", EXIT_CONFIG)
-    _preload_blas()
+    preload_blas()
     _run_live(cfg, Path("outputs/chat") / f"{datetime.now():%Y-%m-%d/%H-%M-%S}", history=events)
 
 
@@ -207,7 +201,7 @@ def _serve(flags: Flags) -> None:
             recorded_config(_read(flags.resume), flags.rest)
         except ValueError as exc:
             _fail(f"cannot resume {flags.resume}: {exc}", EXIT_CONFIG)
-    elif not _is_hydra_meta(flags.rest):
+    elif not is_hydra_meta(flags.rest):
         message = validate_overrides(flags.rest)
         if message:
             _fail(message, EXIT_CONFIG)

@@ -47,9 +47,9 @@ def main() -> None:
         sys.exit(f"--size={sizes[-1]}: give COLSxROWS, e.g. --size=110x34")
     size = (int(cols), int(rows))
 
-    from specpipe.cli import _preload_blas
+    from specpipe.cli.shell import preload_blas
 
-    _preload_blas()
+    preload_blas()
     from hydra import compose, initialize_config_module
 
     import specpipe.config  # noqa: F401  (registers the schemas)

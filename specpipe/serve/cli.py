@@ -16,38 +16,24 @@ import threading
 from pathlib import Path
 
 import specpipe.serve.config  # noqa: F401  (registers serve_schema before any compose)
-from specpipe.cli import EXIT_CONFIG, EXIT_RUN, _fail, _preload_blas, prepare_argv
+from specpipe.cli.shell import EXIT_CONFIG, fail, hydra_main, hydra_output_dir
 
 TOOL = "specpipe-serve"
 
 
 def main() -> None:
-    _preload_blas()
-    prepare_argv("serve", TOOL, prompts=False)
-    import hydra
-
-    import specpipe.config  # noqa: F401
-
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="serve")(_task)()
+    hydra_main(TOOL, "serve", _task, interrupted=" while loading the model")
 
 
 def _task(cfg) -> None:
-    _preload_blas()
-    from specpipe.errors import SpecpipeError
-    from specpipe.runner import _hydra_dir
     from specpipe.serve.http import ServeState, make_server
     from specpipe.serve.worker import GenerationWorker
     from specpipe.session import Session
 
     if not 0 <= cfg.port <= 65535:
-        _fail(f"port={cfg.port}: choose 1..65535 (0: any free port)", EXIT_CONFIG, TOOL)
-    try:
-        session = Session(cfg)
-    except SpecpipeError as exc:
-        _fail(str(exc), EXIT_RUN, TOOL)
-    except KeyboardInterrupt:
-        _fail("interrupted while loading the model", 130, TOOL)
-    out = Path(_hydra_dir() or "outputs/serve/last")
+        fail(TOOL, f"port={cfg.port}: choose 1..65535 (0: any free port)", EXIT_CONFIG)
+    session = Session(cfg)
+    out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
     log_file = open(out / "requests.jsonl", "a", encoding="utf-8")
     lock = threading.Lock()
@@ -61,8 +47,8 @@ def _task(cfg) -> None:
     try:
         server = make_server(ServeState(session, worker, session.target.info.name, log), cfg.host, cfg.port)
     except OSError as exc:
-        _fail(f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
-              EXIT_CONFIG, TOOL)
+        fail(TOOL, f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
+             EXIT_CONFIG)
     host, port = server.server_address[:2]
     stopped = {}
 

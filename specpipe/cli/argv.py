@@ -1,75 +1,13 @@
-"""`specpipe`: the Hydra app. Thin: preload BLAS, check the overrides,
-call `runner.run(cfg)`, print the stream and a summary line.
-
-Every user error ends as one line on stderr and a non-zero exit, never a
-traceback: config errors exit 2, model/run errors exit 1, Ctrl-C exits 130,
-SIGTERM 143, SIGHUP 129, a closed stdout pipe 141 (docs/faults.md).
+"""argv as Hydra will read it: the prompt forms (prompt_args.py), `--rerun RUN_DIR`, Hydra's flags moved
+before the overrides, and every override checked by composing the config first, so a bad one is one
+line (exit 2) before anything loads. Used by every command through `shell.hydra_main`.
 """
 
 from __future__ import annotations
 
 import sys
 
-EXIT_CONFIG, EXIT_RUN, EXIT_INTERRUPTED = 2, 1, 130
-
-
-def main() -> None:
-    from specpipe import signals
-
-    signals.install()  # SIGTERM / SIGHUP stop a run as Ctrl-C does
-    _preload_blas()
-    prepare_argv("config", "specpipe")
-    import hydra
-
-    import specpipe.config  # noqa: F401  (registers the schemas)
-
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="config")(_task)()
-
-
-def _task(cfg) -> None:
-    _preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped main()
-    from specpipe import signals
-    from specpipe.errors import SpecpipeError
-    from specpipe.runner import run
-
-    printer = TerminalPrinter(stream=cfg.stream)
-    try:
-        result = run(cfg, on_event=printer)
-    except SpecpipeError as exc:
-        _drop_empty_run_folder()
-        _fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        _drop_empty_run_folder()
-        _fail(f"stopped by {signals.name()} before generation started; nothing was written", signals.exit_code())
-    if result.error:  # the run folder could not be written (disk full): the line says what was kept
-        _fail(result.error, EXIT_RUN)
-    print(summary_line(result), file=sys.stderr)
-    if result.stop_reason == "interrupted":
-        sys.exit(signals.exit_code())
-
-
-def _drop_empty_run_folder() -> None:
-    """Hydra makes the run folder before the task; a run that failed before generating anything
-    leaves nothing worth keeping there (only Hydra's own .hydra/ snapshot), so remove it."""
-    import shutil
-    from pathlib import Path
-
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        folder = Path(HydraConfig.get().runtime.output_dir)
-    except ValueError:  # not under Hydra (run() called directly)
-        return
-    if not folder.is_dir():
-        return
-    leftovers = [p for p in folder.iterdir() if p.name != ".hydra" and not (p.suffix == ".log" and p.stat().st_size == 0)]
-    if not leftovers:
-        shutil.rmtree(folder, ignore_errors=True)
-        for parent in (folder.parent, folder.parent.parent):  # the date folder, then outputs/, if now empty
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+from specpipe.cli.shell import EXIT_CONFIG, fail
 
 
 def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]:
@@ -86,21 +24,21 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
         if prompts:
             argv = expand_prompt_args(argv)
     except (PromptArgError, ValueError) as exc:
-        _fail(str(exc), EXIT_CONFIG, tool)
-    argv = _flags_first(argv)
+        fail(tool, str(exc), EXIT_CONFIG)
+    argv = flags_first(argv)
     sys.argv = sys.argv[:1] + argv
     modes = [a for a in argv if a.partition("=")[0] in ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")]
     if len(modes) > 1:  # Hydra's own check raises a traceback
-        _fail(f"{' and '.join(modes)} cannot be combined: Hydra does one of them (drop -m to print one job's config)",
-              EXIT_CONFIG, tool)
-    if not _is_hydra_meta(argv):
-        config_dir = _flag_value(argv, "-cp", "--config-path")
-        name = _flag_value(argv, "-cn", "--config-name") or config_name
+        fail(tool, f"{' and '.join(modes)} cannot be combined: Hydra does one of them (drop -m to print one job's config)",
+             EXIT_CONFIG)
+    if not is_hydra_meta(argv):
+        config_dir = flag_value(argv, "-cp", "--config-path")
+        name = flag_value(argv, "-cn", "--config-name") or config_name
         from specpipe.run_folder import claim_override
 
         message = validate_overrides(argv, name, tool, config_dir=config_dir) or claim_override(argv)
         if message:
-            _fail(message, EXIT_CONFIG, tool)
+            fail(tool, message, EXIT_CONFIG)
     return argv
 
 
@@ -131,7 +69,7 @@ def rerun_args(argv: list[str]) -> list[str]:
             if name == "--rerun" and not snapshot:
                 raise ValueError(f"{value} is not a run folder (no .hydra/config.yaml): give a folder under outputs/")
             if name in ("-cp", "--config-path") or snapshot:
-                out += ["-cp", folder] + ([] if snapshot is False or _flag_value(argv, "-cn", "--config-name") else ["-cn", "config"])
+                out += ["-cp", folder] + ([] if snapshot is False or flag_value(argv, "-cn", "--config-name") else ["-cn", "config"])
             else:
                 out += [name, folder]
         else:
@@ -140,7 +78,7 @@ def rerun_args(argv: list[str]) -> list[str]:
     return out
 
 
-def _flag_value(argv: list[str], *names: str) -> str | None:
+def flag_value(argv: list[str], *names: str) -> str | None:
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
         if name in names:
@@ -166,7 +104,7 @@ def validate_overrides(overrides: list[str], config_name: str = "config", tool: 
     if check_overrides_text(overrides):
         return check_overrides_text(overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
-    plain = [o for o in _overrides_only(overrides) if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    plain = [o for o in overrides_only(overrides) if not o.startswith("hydra.") and not o.startswith("hydra/")]
     init = (initialize_config_dir(config_dir=config_dir, version_base=None) if config_dir
             else initialize_config_module(config_module="specpipe.conf", version_base=None))
     try:
@@ -221,9 +159,7 @@ def describe_config_error(exc: Exception) -> str:
     return "bad configuration: " + " ".join(text.split())
 
 
-
-
-def _flags_first(argv: list[str]) -> list[str]:
+def flags_first(argv: list[str]) -> list[str]:
     """Hydra's flags (with their values) before the overrides: Hydra's argparse rejects overrides
     that follow a flag (`a=1 -m b=2` fails with "unrecognized arguments: b=2")."""
     from specpipe.prompt_args import FLAGS_WITH_VALUE, INFO_VALUES
@@ -244,7 +180,7 @@ def _flags_first(argv: list[str]) -> list[str]:
     return flags + overrides
 
 
-def _overrides_only(argv: list[str]) -> list[str]:
+def overrides_only(argv: list[str]) -> list[str]:
     """argv without Hydra's flags and their values (`-cp DIR`, `-cn NAME`, `-m`)."""
     from specpipe.prompt_args import FLAGS_WITH_VALUE
 
@@ -259,7 +195,7 @@ def _overrides_only(argv: list[str]) -> list[str]:
     return out
 
 
-def _is_hydra_meta(argv: list[str]) -> bool:
+def is_hydra_meta(argv: list[str]) -> bool:
     """Flags Hydra handles itself (help, --cfg, --info, shell completion): skip pre-validation.
 
     -m sweeps and -cp / -cn / --config-dir runs are validated.
@@ -268,64 +204,3 @@ def _is_hydra_meta(argv: list[str]) -> bool:
             "--resolve", "--version")
     own = ("--multirun", "--config-path", "--config-name", "--config-dir")
     return any(a.partition("=")[0] in meta or (a.startswith("--") and a.partition("=")[0] not in own) for a in argv)
-
-
-def _fail(message: str, code: int, tool: str = "specpipe") -> None:
-    print(f"{tool}: error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
-def _preload_blas() -> None:
-    """Load the fastest BLAS before anything imports MLX. Says nothing here: which BLAS is in use
-    (and how to get a fast one) is part of the run's header line, so a bad-input error stays one line."""
-    try:
-        from specpipe.engine.blas import preload_blas
-    except ImportError:
-        return
-    preload_blas()
-
-
-class TerminalPrinter:
-    """Streams generated text to stdout as Emitted events arrive."""
-
-    def __init__(self, stream: bool = True):
-        self.stream = stream
-
-    def __call__(self, event) -> None:
-        from specpipe.engine.blas import blas_info, blas_phrase
-        from specpipe.events import Emitted, RunFinished, RunStarted
-
-        if isinstance(event, RunStarted):
-            draft = f" + draft {event.draft.name}" if event.draft else ""
-            print(f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
-                  f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}", file=sys.stderr)
-        elif isinstance(event, Emitted) and self.stream:
-            self._write(event.text)
-        elif isinstance(event, RunFinished):
-            self._write(("" if self.stream else event.text) + "\n")
-
-    @staticmethod
-    def _write(text: str) -> None:
-        from specpipe import signals
-
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except BrokenPipeError:  # `specpipe ... | head`: the reader left; stop as a signal would, keeping the run
-            signals.note_broken_pipe()
-            raise KeyboardInterrupt from None
-
-
-def summary_line(result) -> str:
-    s = result.stats
-    by = f" by {result.interrupted_by}" if getattr(result, "interrupted_by", "") else ""
-    return (
-        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}) | acceptance {s.acceptance_rate:.0%} "
-        f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
-        f"TTFT {s.ttft_s:.2f}s | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
-        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS | {result.output_dir}"
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -17,45 +17,30 @@ KS = (0, 1, 2, 4, 8, 16, 32)
 
 
 def main() -> None:
-    from specpipe.cli import _preload_blas, prepare_argv
+    from specpipe.cli.shell import hydra_main
 
-    _preload_blas()
-    prepare_argv("config", "specpipe-calibrate", prompts=False)
-    import hydra
-
-    import specpipe.config  # noqa: F401
-
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name="config")(_task)()
+    hydra_main("specpipe-calibrate", "config", _task, interrupted="; the cached curve was not changed")
 
 
 def _task(cfg) -> None:
-    from specpipe.cli import _fail
-    from specpipe.errors import SpecpipeError
-
-    try:
-        report = calibrate(cfg)
-    except SpecpipeError as exc:
-        _fail(str(exc), 1)
-    except KeyboardInterrupt:
-        _fail("interrupted; the cached curve was not changed", 130)
-    print(report)
+    print(calibrate(cfg))
 
 
 def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     """Measure, save and describe the device's speculation economics."""
-    from omegaconf import OmegaConf
-
     from specpipe.calibrate import draft_cost, expected_speedup, verify_cost_curve
-    from specpipe.runner import _hydra_dir, device
+    from specpipe.cli.shell import hydra_output_dir
+    from specpipe.config_groups import with_group
+    from specpipe.runner import device
     from specpipe.session import Session
 
-    cfg = OmegaConf.merge(cfg, {"budget": {"_target_": "specpipe.budgets.fixed.FixedBudget", "name": "fixed"}})
+    cfg = with_group(cfg, "budget", "fixed")  # calibration measures; it needs no budget of its own
     session = Session(cfg)
     quick = bool(cfg.get("quick", False))
     curve = verify_cost_curve(session.target, quick=quick, refresh=True)
     c = draft_cost(session.drafter, session.target, quick=quick)
     ratio = curve["ratio"]
-    out = Path(out_dir or _hydra_dir() or "outputs/calibration")
+    out = Path(out_dir or hydra_output_dir() or "outputs/calibration")
     out.mkdir(parents=True, exist_ok=True)
     dev = device()
     table = {a: {k: expected_speedup(a, k, c, ratio) for k in KS} for a in ALPHAS}

@@ -1,0 +1,77 @@
+"""`specpipe`: generate once and print it. Thin: `runner.run(cfg)` under the shared shell,
+the stream on stdout, a header and a summary line on stderr.
+
+Every user error ends as one line on stderr and a non-zero exit, never a traceback: config
+errors exit 2, model/run errors exit 1, Ctrl-C exits 130, SIGTERM 143, SIGHUP 129, a closed
+stdout pipe 141 (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from specpipe.cli.shell import EXIT_RUN, fail, hydra_main
+
+TOOL = "specpipe"
+
+
+def main() -> None:
+    hydra_main(TOOL, "config", _task, prompts=True, interrupted=" before generation started; nothing was written")
+
+
+def _task(cfg) -> None:
+    from specpipe import signals
+    from specpipe.runner import run
+
+    result = run(cfg, on_event=TerminalPrinter(stream=cfg.stream))
+    if result.error:  # the run folder could not be written (disk full): the line says what was kept
+        fail(TOOL, result.error, EXIT_RUN)
+    print(summary_line(result), file=sys.stderr)
+    if result.stop_reason == "interrupted":
+        sys.exit(signals.exit_code())
+
+
+class TerminalPrinter:
+    """Streams generated text to stdout as Emitted events arrive."""
+
+    def __init__(self, stream: bool = True):
+        self.stream = stream
+
+    def __call__(self, event) -> None:
+        from specpipe.engine.blas import blas_info, blas_phrase
+        from specpipe.events import Emitted, RunFinished, RunStarted
+
+        if isinstance(event, RunStarted):
+            draft = f" + draft {event.draft.name}" if event.draft else ""
+            print(f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
+                  f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}", file=sys.stderr)
+        elif isinstance(event, Emitted) and self.stream:
+            self._write(event.text)
+        elif isinstance(event, RunFinished):
+            self._write(("" if self.stream else event.text) + "\n")
+
+    @staticmethod
+    def _write(text: str) -> None:
+        from specpipe import signals
+
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `specpipe ... | head`: the reader left; stop as a signal would, keeping the run
+            signals.note_broken_pipe()
+            raise KeyboardInterrupt from None
+
+
+def summary_line(result) -> str:
+    s = result.stats
+    by = f" by {result.interrupted_by}" if getattr(result, "interrupted_by", "") else ""
+    return (
+        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}) | acceptance {s.acceptance_rate:.0%} "
+        f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
+        f"TTFT {s.ttft_s:.2f}s | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
+        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS | {result.output_dir}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""One entry wrapper for every Hydra command: the same start, the same one-line errors.
+
+Contract: `hydra_main(tool, config_name, task)` installs the stop signals, preloads the BLAS,
+prepares argv (`argv.prepare_argv`: prompt forms, `--rerun`, flags first, the override check)
+and runs `task(cfg)` under Hydra. Whatever `task` raises ends as one line on stderr and an exit
+code, never a traceback: `SpecpipeError` -> its `exit_code` (2 config, 1 run), `Stopped` or a stop
+signal -> 130 / 143 / 129 / 141 (docs/faults.md). A run folder holding nothing but Hydra's own
+snapshot is removed on the way out, so a failed start leaves no clutter.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from specpipe.errors import EXIT_CONFIG, EXIT_RUN
+from specpipe.run_folder import hydra_output_dir
+
+EXIT_INTERRUPTED = 130
+
+__all__ = ["EXIT_CONFIG", "EXIT_INTERRUPTED", "EXIT_RUN", "Stopped", "fail", "hydra_main", "hydra_output_dir", "preload_blas"]
+
+
+class Stopped(Exception):
+    """A stop signal ended the task; the message says what was kept (`": every finished prompt is in ..."`)."""
+
+
+def hydra_main(tool: str, config_name: str, task: Callable, *, prompts: bool = False,
+               interrupted: str = "; nothing was written") -> None:
+    """Run `task(cfg)` as the console script `tool` over `conf/<config_name>.yaml`.
+
+    Args:
+        prompts: argv may carry a prompt (positional text, `--prompt`, `-`), as `specpipe` takes it.
+        interrupted: what a stop before `task` says it kept, after "stopped by SIGINT".
+    """
+    from specpipe import signals
+    from specpipe.cli.argv import prepare_argv
+
+    signals.install()  # SIGTERM / SIGHUP stop a command as Ctrl-C does
+    preload_blas()
+    prepare_argv(config_name, tool, prompts=prompts)
+    import hydra
+
+    import specpipe.config  # noqa: F401  (registers the schemas)
+
+    def guarded(cfg) -> None:
+        preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped this function
+        run_guarded(tool, lambda: task(cfg), interrupted)
+
+    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
+
+
+def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothing was written") -> None:
+    """Call `body()`; a user error or a stop becomes one line and an exit code."""
+    from specpipe import signals
+    from specpipe.errors import SpecpipeError
+
+    try:
+        body()
+    except SpecpipeError as exc:
+        drop_empty_run_folder()
+        fail(tool, str(exc), exc.exit_code)
+    except Stopped as exc:
+        fail(tool, f"stopped by {signals.name()}{exc}", signals.exit_code())
+    except KeyboardInterrupt:
+        drop_empty_run_folder()
+        fail(tool, f"stopped by {signals.name()}{interrupted}", signals.exit_code())
+
+
+def fail(tool: str, message: str, code: int) -> None:
+    """`tool: error: message` on stderr, exit `code`."""
+    print(f"{tool}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def preload_blas() -> None:
+    """Load the fastest BLAS before anything imports MLX. Says nothing here: which BLAS is in use
+    (and how to get a fast one) is part of the run's header line, so a bad-input error stays one line."""
+    try:
+        from specpipe.engine.blas import preload_blas as preload
+    except ImportError:
+        return
+    preload()
+
+
+def drop_empty_run_folder() -> None:
+    """Hydra makes the run folder before the task; a task that failed before writing anything
+    leaves nothing worth keeping there (only Hydra's own .hydra/ snapshot), so remove it."""
+    import shutil
+    from pathlib import Path
+
+    out = hydra_output_dir()
+    if out is None:
+        return
+    folder = Path(out)
+    if not folder.is_dir():
+        return
+    leftovers = [p for p in folder.iterdir() if p.name != ".hydra" and not (p.suffix == ".log" and p.stat().st_size == 0)]
+    if not leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in (folder.parent, folder.parent.parent):  # the date folder, then outputs/, if now empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break
