@@ -228,13 +228,12 @@ def _shared_target(cfg):
     """The target Engine, loaded once per process and reused by later sweep jobs with the same model."""
     from omegaconf import OmegaConf
 
-    from specpipe.engine.loader import load_engine
+    from specpipe.engine.loader import load_target
 
-    m = cfg.model
-    key = repr((OmegaConf.to_container(m, resolve=True), cfg.quant.precision))
+    key = repr((OmegaConf.to_container(cfg.model, resolve=True), cfg.quant.precision))
     if key not in _loaded_target:
         _loaded_target.clear()  # at most one target in memory
-        _loaded_target[key] = load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
+        _loaded_target[key] = load_target(cfg)
     return _loaded_target[key]
 
 

@@ -15,8 +15,8 @@ import time
 import mlx.core as mx
 import msgspec
 
-from specpipe.bench_records import acceptance_by_position, token_gaps_ms
-from specpipe.events import RunFinished, Verified
+from specpipe.events import RunFinished
+from specpipe.metrics import StatsCollector
 
 
 def measure_specpipe(session, prompt_ids: list[int], max_tokens: int) -> dict:
@@ -31,16 +31,18 @@ def measure_specpipe(session, prompt_ids: list[int], max_tokens: int) -> dict:
     finished = events[-1]
     if not isinstance(finished, RunFinished) or finished.stop_reason == "interrupted":
         raise KeyboardInterrupt
-    drafted_at, accepted_at = acceptance_by_position(e for e in events if isinstance(e, Verified))
+    counts = StatsCollector()  # the run's own statistics, kept as counts so prompts can be summed
+    for event in events:
+        counts.consume(event)
     record = msgspec.to_builtins(finished.stats)
     s = finished.stats
     record.update(
         stop_reason=finished.stop_reason,
         token_ids=finished.token_ids,
         e2e_tok_s=s.generated_tokens / s.wall_s if s.wall_s else 0.0,
-        gaps_ms=token_gaps_ms(events),
-        drafted_at=drafted_at,
-        accepted_at=accepted_at,
+        gaps_ms=[round(1000.0 * g, 3) for g in counts.gaps_s],
+        drafted_at=counts.position_drafted,
+        accepted_at=counts.position_accepted,
     )
     return record
 

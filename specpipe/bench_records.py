@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Iterable
 
 from specpipe.errors import SpecpipeError
-from specpipe.events import Emitted, Event, PrefillDone, Verified
 
 # Keys that choose *which* pairs run or where they go, not *what* is measured:
 # changing them must not change the hash, so a resumed sweep can extend `limit`.
@@ -129,37 +128,3 @@ def first_mismatch(expected: list[int], actual: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(expected) == len(actual) else min(len(expected), len(actual))
-
-
-def acceptance_by_position(verified: Iterable[Verified]) -> tuple[list[int], list[int]]:
-    """Per draft position i: (steps that drafted more than i tokens, steps that accepted position i).
-
-    Position i is accepted when len(accepted_ids) > i. Two steps drafting
-    [a, b, c] with 2 accepted and [d] with 0 accepted give drafted=[2, 1, 1],
-    accepted=[1, 1, 0]. Counts, not rates, so prompts can be summed.
-    """
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for v in verified:
-        n_drafted = len(v.accepted_ids) + len(v.rejected_ids)
-        if n_drafted > len(drafted):
-            drafted.extend([0] * (n_drafted - len(drafted)))
-            accepted.extend([0] * (n_drafted - len(accepted)))
-        for i in range(n_drafted):
-            drafted[i] += 1
-            accepted[i] += int(len(v.accepted_ids) > i)
-    return drafted, accepted
-
-
-def token_gaps_ms(events: Iterable[Event]) -> list[float]:
-    """Per-token gaps in ms, as metrics.py defines them (an emission of m tokens = m gaps of gap/m)."""
-    gaps: list[float] = []
-    last = None
-    for e in events:
-        if isinstance(e, PrefillDone):
-            last = e.t
-        elif isinstance(e, Emitted) and e.token_ids and last is not None:
-            m = len(e.token_ids)
-            gaps.extend([round(1000.0 * (e.t - last) / m, 3)] * m)
-            last = e.t
-    return gaps

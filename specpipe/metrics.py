@@ -42,13 +42,13 @@ class StatsCollector:
         self.hindsight_matched = 0
         self.forwards_by = dict.fromkeys(("drafting", "probe", "catchup", "hindsight", "wasted"), 0)
         self.probe_steps = 0
-        self._position_drafted: list[int] = []
-        self._position_accepted: list[int] = []
+        self.position_drafted: list[int] = []  # per draft position i: steps that drafted more than i tokens
+        self.position_accepted: list[int] = []  # ... and steps whose accepted prefix reached past i
         self._overlap: list[float] = []
         self._pending_draft = 0
         self.token_ids: list[int] = []
         self.text_parts: list[str] = []
-        self._gaps: list[float] = []
+        self.gaps_s: list[float] = []  # per emitted token, seconds (see the module docstring)
         self._first_emit_t: float | None = None
         self._last_emit_t = 0.0
         self._prefill_end_t = 0.0
@@ -75,17 +75,17 @@ class StatsCollector:
             n, k = len(event.accepted_ids), len(event.accepted_ids) + len(event.rejected_ids)
             self.accepted += n
             self._overlap.extend(event.overlap)
-            while len(self._position_drafted) < k:
-                self._position_drafted.append(0)
-                self._position_accepted.append(0)
+            while len(self.position_drafted) < k:
+                self.position_drafted.append(0)
+                self.position_accepted.append(0)
             for i in range(k):  # position i counts as accepted when the prefix reached past it
-                self._position_drafted[i] += 1
-                self._position_accepted[i] += i < n
+                self.position_drafted[i] += 1
+                self.position_accepted[i] += i < n
         elif isinstance(event, Emitted) and event.token_ids:
             if self._first_emit_t is None:
                 self._first_emit_t = event.t
             m = len(event.token_ids)
-            self._gaps.extend([(event.t - self._last_emit_t) / m] * m)
+            self.gaps_s.extend([(event.t - self._last_emit_t) / m] * m)
             self._last_emit_t = event.t
             self.token_ids.extend(event.token_ids)
             self.text_parts.append(event.text)
@@ -109,14 +109,14 @@ class StatsCollector:
             accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
             acceptance_length=1 + self.accepted / self.steps if self.steps else 0.0,
-            acceptance_by_position=[a / d for a, d in zip(self._position_accepted, self._position_drafted)],
+            acceptance_by_position=[a / d for a, d in zip(self.position_accepted, self.position_drafted)],
             expected_acceptance=sum(self._overlap) / len(self._overlap) if self._overlap else 0.0,
             tokens_per_forward=generated / self.steps if self.steps else 0.0,
             prefill_tok_s=self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0,
             decode_tok_s=generated / decode_s if decode_s > 0 else 0.0,
             ttft_s=self._first_emit_t or 0.0,
             wall_s=wall_s,
-            latency_ms=percentiles_ms(self._gaps),
+            latency_ms=percentiles_ms(self.gaps_s),
             peak_memory_bytes=peak_memory_bytes,
             peak_rss_bytes=peak_rss_bytes(),
             hindsight_checked=self.hindsight_checked,

@@ -30,12 +30,11 @@ class Session:
             cfg: the composed config (specpipe/conf/config.yaml).
             target: an already loaded target Engine to reuse (else loaded from cfg.model).
         """
-        from specpipe.engine.loader import load_engine
+        from specpipe.engine.loader import load_engine, load_target
 
         check_supported(cfg)
         self.cfg = cfg
-        m = cfg.model
-        self.target = target or load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
+        self.target = target or load_target(cfg)
 
         def load_draft(name=None, path=None, precision=None):
             return load_engine(name, path, precision or cfg.quant.precision)

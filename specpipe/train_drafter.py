@@ -175,12 +175,9 @@ def train(cfg) -> Path:
     """Train per `cfg` (conf/train_drafter.yaml); returns the head folder."""
     if not 0.0 <= cfg.answers <= 1.0:
         raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
-    from omegaconf import OmegaConf
+    from specpipe.engine.loader import load_target
 
-    from specpipe.engine.loader import load_engine
-
-    m = cfg.model
-    target = load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
+    target = load_target(cfg)
     target.model.freeze()
     inner, lm_head = llama_parts(target.model, "mtp")
     out = Path(cfg.out).expanduser() if cfg.out else default_head_dir(target.info)

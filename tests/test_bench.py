@@ -19,7 +19,6 @@ import specpipe.bench_measure as bench_measure
 import specpipe.config  # noqa: F401  (registers the schemas)
 from specpipe.bench import run_bench
 from specpipe.bench_records import (
-    acceptance_by_position,
     config_hash,
     first_mismatch,
     load_suite,
@@ -29,6 +28,7 @@ from specpipe.bench_records import (
 from specpipe.bench_report import main as report_main
 from specpipe.bench_report import verdicts, write_report
 from specpipe.events import Verified
+from specpipe.metrics import StatsCollector
 
 PLOTS = ("speedup_vs_k.png", "acceptance_by_position.png", "latency_cdf.png", "memory_vs_k.png")
 
@@ -65,7 +65,10 @@ def test_acceptance_by_position_counts():
     steps = [Verified(step=1, accepted_ids=[1, 2], rejected_ids=[3], seconds=0.0),
              Verified(step=2, accepted_ids=[], rejected_ids=[4], seconds=0.0),
              Verified(step=3, accepted_ids=[], rejected_ids=[], seconds=0.0)]  # an empty draft counts nowhere
-    assert acceptance_by_position(steps) == ([2, 1, 1], [1, 1, 0])
+    counts = StatsCollector()
+    for step in steps:
+        counts.consume(step)
+    assert (counts.position_drafted, counts.position_accepted) == ([2, 1, 1], [1, 1, 0])
 
 
 def test_config_hash_ignores_where_and_how_many():

@@ -1,7 +1,8 @@
 """Turn a model spec (packaged name, GGUF file, model folder, tiny random)
 into an Engine, fully offline.
 
-Contract: `load_engine(name=..., path=..., precision=...)` returns an Engine or
+Contract: `load_engine(name=..., path=..., precision=...)` (or `load_target(cfg)` for a composed
+config) returns an Engine or
 raises SpecpipeError with one actionable line. No hub access, ever.
 """
 
@@ -53,6 +54,15 @@ def load_engine(
     apply_precision(engine.model, precision)
     engine.info = _with_precision(engine.info, engine.model)
     return engine
+
+
+def load_target(cfg) -> Engine:
+    """The target Engine a composed config asks for (its `model` group at `quant.precision`)."""
+    from omegaconf import OmegaConf
+
+    m = cfg.model
+    tiny = OmegaConf.to_container(m.tiny) if OmegaConf.is_config(m.tiny) else m.tiny
+    return load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, tiny)
 
 
 # ---------------------------------------------------------------- sources
