@@ -1,7 +1,7 @@
 """Side-by-side figures for drafters without a second model on one target:
 the trained MTP head, layer skip at two depths and n-gram, on code prompts.
 
-Contract: `python -m specpipe.train_compare [max_tokens] [k] [n_prompts]`
+Contract: `python scripts/compare_drafters.py [--max-tokens 64] [--k 4] [--prompts 3]`
 prints a Markdown table (acceptance by draft position, tokens per target
 forward, acceptance rate) built from each run's RunFinished stats. Greedy
 only; it also checks every drafter's tokens equal draft=none's. Numbers, no
@@ -10,8 +10,8 @@ assertions on timing.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from importlib import resources
 
 from specpipe.engine.blas import preload_blas
@@ -31,7 +31,12 @@ def main() -> None:
     from specpipe.stages.bonus import GreedyBonus
     from specpipe.stages.compare import GreedyComparator
 
-    max_tokens, k, n_prompts = (int(a) for a in (sys.argv[1:] + ["64", "4", "3"][len(sys.argv) - 1 :])[:3])
+    parser = argparse.ArgumentParser(description="MTP head, layer skip and n-gram side by side on SmolLM2 (greedy)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4, help="fixed draft budget")
+    parser.add_argument("--prompts", type=int, default=3, help="code prompts to run")
+    args = parser.parse_args()
+    max_tokens, k, n_prompts = args.max_tokens, args.k, args.prompts
     target = load_engine("smollm2-135m", precision="float32")
     lines = resources.files("specpipe.suites").joinpath("code.jsonl").read_text().splitlines()
     prompts = [json.loads(line) for line in lines[:n_prompts]]
