@@ -175,6 +175,8 @@ def train(cfg) -> Path:
     """Train per `cfg` (conf/train_drafter.yaml); returns the head folder."""
     if not 0.0 <= cfg.answers <= 1.0:
         raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
+    from omegaconf import OmegaConf
+
     from specpipe.engine.loader import load_target
 
     target = load_target(cfg)
