@@ -43,45 +43,45 @@ class NoneDraftConfig(PluginConfig):
 
 @dataclass
 class NgramDraftConfig(PluginConfig):
-    min_n: int = 1
-    max_n: int = 4
-    window: int = 4096
+    min_n: int = MISSING
+    max_n: int = MISSING
+    window: int = MISSING
 
 
 @dataclass
 class ModelDraftConfig(PluginConfig):
-    model: str = "self"  # packaged name, or "self" to draft with the target
-    path: Optional[str] = None
-    quant: Optional[str] = None  # None: same precision as the target
+    model: str = MISSING  # packaged name, or "self" to draft with the target
+    path: Optional[str] = MISSING
+    quant: Optional[str] = MISSING  # None: same precision as the target
 
 
 @dataclass
 class FixedBudgetConfig(PluginConfig):
-    k: int = 4
+    k: int = MISSING
 
 
 @dataclass
 class AdaptiveBudgetConfig(PluginConfig):
-    k: int = 4  # starting K
-    k_min: int = 1
-    k_max: int = 16
+    k: int = MISSING  # starting K
+    k_min: int = MISSING
+    k_max: int = MISSING
 
 
 @dataclass
 class ConfidenceBudgetConfig(PluginConfig):
-    k: int = 16  # most tokens per draft
-    p_min: float = 0.6  # stop drafting below this top probability
+    k: int = MISSING  # most tokens per draft
+    p_min: float = MISSING  # stop drafting below this top probability
 
 
 @dataclass
 class AutoBudgetConfig(PluginConfig):
-    k_max: int = 16
-    probe_every: int = 8  # while plain decoding wins, re-check acceptance after this many steps
-    probe_max: int = 64  # each probe that leaves K at 0 doubles the wait, up to this
-    probe_k: int = 2
-    forget: float = 0.9  # acceptance memory per step
-    prior_alpha: float = 0.5
-    quick: bool = True  # calibrate 7 points (vs 33) when the device has no cached curve
+    k_max: int = MISSING
+    probe_every: int = MISSING  # while plain decoding wins, re-check acceptance after this many steps
+    probe_max: int = MISSING  # each probe that leaves K at 0 doubles the wait, up to this
+    probe_k: int = MISSING
+    forget: float = MISSING  # acceptance memory per step
+    prior_alpha: float = MISSING
+    quick: bool = MISSING  # calibrate 7 points (vs 33) when the device has no cached curve
 
 
 @dataclass
@@ -206,7 +206,7 @@ class RecomputeRollbackConfig(PluginConfig):
 
 @dataclass
 class AutoRollbackConfig(PluginConfig):
-    max_snapshot_mb: float = 1024.0  # per model: above this a step recomputes instead of checkpointing
+    max_snapshot_mb: float = MISSING  # per model: above this a step recomputes instead of checkpointing
 
 
 def register_rollbacks() -> None:
@@ -223,13 +223,13 @@ register_rollbacks()
 
 @dataclass
 class LayerSkipDraftConfig(PluginConfig):
-    depth: Optional[int] = 8  # draft with layers [0, depth) of the target
-    layers: Optional[List[int]] = None  # explicit layer indices; wins over depth
+    depth: Optional[int] = MISSING  # draft with layers [0, depth) of the target
+    layers: Optional[List[int]] = MISSING  # explicit layer indices; wins over depth
 
 
 @dataclass
 class MtpDraftConfig(PluginConfig):
-    head: Optional[str] = None  # head folder / checkpoint folder; None: the model's own or the trained one next to it
+    head: Optional[str] = MISSING  # head folder / checkpoint folder; None: the model's own or the trained one next to it
 
 
 @dataclass

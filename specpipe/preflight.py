@@ -4,7 +4,8 @@
 Contract: `check_config(cfg) -> str | None` takes a composed config of any
 app (specpipe, specpipe-bench, specpipe-train-drafter) and returns one
 actionable line for the first problem, or None. It catches keys the schema
-does not have (`+budget.kk=3`), numbers that are not finite, seeds outside
+does not have (`+budget.kk=3`) or a plug-in's constructor does not take,
+numbers that are not finite, seeds outside
 0..2^64-1, out-of-range counts, sampling values, budgets, and prompt text
 that is not valid Unicode. It never loads a model or touches a file.
 """
@@ -46,7 +47,7 @@ RANGES = {
 
 def check_config(cfg: DictConfig) -> str | None:
     """The first problem the config alone shows, as one line; None when there is none."""
-    for check in (_unknown_keys, _numbers, _ranges, _sampling, _plugins, _prompt):
+    for check in (_unknown_keys, _plugin_keys, _numbers, _ranges, _sampling, _plugins, _prompt):
         message = check(cfg)
         if message:
             return message
@@ -144,22 +145,48 @@ def _sampling(cfg: DictConfig) -> str | None:
     return check_sampling(s.temperature, s.top_k, s.top_p, s.min_p)
 
 
-def _plugins(cfg: DictConfig) -> str | None:
-    """Build the plug-ins whose constructors need only their config (budgets, n-gram) to run their own checks."""
-    from hydra.utils import instantiate
+def _plugin_nodes(cfg: DictConfig):
+    """(group, node) for every plug-in group the config composes."""
+    from specpipe.plugins import RUNTIME
 
-    for group in ("budget", "draft"):
-        node = cfg.get(group)
-        if not isinstance(node, DictConfig) or "_target_" not in node:
+    for group in RUNTIME:
+        node = cfg.get(group) if group in cfg else None
+        if isinstance(node, DictConfig) and "_target_" in node:
+            yield group, node
+
+
+def _plugin_keys(cfg: DictConfig) -> str | None:
+    """Every YAML key of a plug-in is a parameter of its constructor (no catch-all swallows a typo)."""
+    from specpipe.plugins import check_plugin_keys, confidence_mismatch
+
+    for group, node in _plugin_nodes(cfg):
+        message = check_plugin_keys(node, group)
+        if message:
+            return message
+    if "budget" in cfg and "draft" in cfg:
+        return confidence_mismatch(cfg)
+    return None
+
+
+def _plugins(cfg: DictConfig) -> str | None:
+    """Build the plug-ins whose constructors need only their config (budgets, n-gram) to run their own checks.
+
+    Rollbacks are not built here: their constructors need nothing, but check nothing either.
+    """
+    import inspect
+
+    from specpipe.plugins import RUNTIME, build_plugin, plugin_class
+
+    for group, node in _plugin_nodes(cfg):
+        if group not in ("budget", "draft"):
             continue
-        if group == "draft" and node.get("name") != "ngram":
-            continue  # other drafters need the loaded target to check their options
+        params = inspect.signature(plugin_class(node, group)).parameters.values()
+        if any(p.name in RUNTIME[group] and p.default is p.empty for p in params):
+            continue  # needs the loaded target to check its options (Session does, after loading)
         try:
-            instantiate(node)()
+            build_plugin(node, group)
         except SpecpipeError as exc:
             return str(exc)
-        except Exception:  # noqa: BLE001  (needs runtime objects: Session checks it after loading)
-            continue
     return None
 
 

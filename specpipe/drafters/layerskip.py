@@ -99,13 +99,14 @@ class LayerSkipDrafter(ModelDrafter):
 
     name = "layerskip"
 
-    def __init__(self, target, depth: int | None = None, layers: list[int] | None = None, sampler=None, **_runtime):
+    def __init__(self, target, depth: int | None = 8, layers: list[int] | None = None, sampler=None, p_min: float = 0.0):
         """
         Args:
             target: the target Engine (weights shared, never copied).
             depth: draft with layers [0, depth).
             layers: explicit layer indices (wins over depth), e.g. [0, 1, 2, 3, 27].
             sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            p_min: budget=confidence's floor (see ModelDrafter).
         """
         inner, _ = llama_parts(target.model, "layerskip")
         self.layer_ids = pick_layers(len(inner.layers), depth, layers)
@@ -115,4 +116,4 @@ class LayerSkipDrafter(ModelDrafter):
         # Everything else (cache, propose, sampling) is ModelDrafter's, on this view.
         engine = Engine(model, target.tokenizer, info)
         self.cost_per_token = weight_bytes(*model.layers, inner.norm, lm_head_weights(target.model, inner)) / weight_bytes(target.model)
-        super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler)
+        super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler, p_min=p_min)

@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from specpipe.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks import stepwise
 from specpipe.rollbacks.checkpoint import restore
@@ -54,10 +55,10 @@ class Plan:
     reject_rate: float = 1.0
 
 
-class AutoRollback:
+class AutoRollback(RollbackBase):
     name = "auto"
 
-    def __init__(self, max_snapshot_mb: float = 1024.0, **_runtime):
+    def __init__(self, max_snapshot_mb: float = 1024.0):
         stepwise.install()
         self.max_snapshot_bytes = max_snapshot_mb * 2**20
         self.dropped = 0

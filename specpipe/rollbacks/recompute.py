@@ -22,15 +22,16 @@ import time
 
 import mlx.core as mx
 
+from specpipe.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 
 SAVED = "_specpipe_saved"  # attribute on a recurrent cache entry: its slots before the forward
 
 
-class RecomputeRollback:
+class RecomputeRollback(RollbackBase):
     name = "recompute"
 
-    def __init__(self, **_runtime):
+    def __init__(self):
         self.dropped = 0
         self.peak_bytes = 0  # most pre-forward state kept alive at once (target + draft)
         self.time_s = 0.0  # time spent restoring, trimming and re-running accepted tokens
