@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Generator
 
 import mlx.core as mx
 import msgspec
@@ -43,7 +43,7 @@ class SpeculativePipeline:
 
     def run(
         self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None, control: RunControl | None = None
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Generate up to `max_tokens` tokens after `prompt_ids`.
 
         Args:
@@ -95,6 +95,7 @@ class SpeculativePipeline:
                     break
                 step += 1
                 # ---- draft: never more than the tokens still wanted, minus the bonus
+                decision: BudgetDecision | None
                 if control.k is not None:
                     k, decision = control.k, BudgetDecision(k=control.k, reason="override")
                 else:
@@ -132,7 +133,9 @@ class SpeculativePipeline:
                 n = verdict.accepted
                 bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
                 verify_s = time.perf_counter() - s
-                new_ids = draft.token_ids[:n] + [verdict.recovered_id if bonus_id is None else bonus_id]
+                next_id = verdict.recovered_id if bonus_id is None else bonus_id
+                assert next_id is not None, "a comparator that rejects must recover a token"
+                new_ids = draft.token_ids[:n] + [next_id]
                 yield emit(Verified(
                     t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
                     recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,

@@ -86,6 +86,18 @@ def takes(node: DictConfig | dict, group: str, parameter: str) -> bool:
     return factory is not None and parameter in inspect.signature(factory).parameters
 
 
+def check_plugins(cfg: DictConfig) -> str | None:
+    """One line for the first problem of the config's plug-in nodes (an unknown key, budget=confidence
+    without a drafter that takes p_min); imports each plug-in's module, loads no model."""
+    for group in RUNTIME:
+        node = cfg.get(group) if group in cfg else None
+        if isinstance(node, (DictConfig, dict)) and "_target_" in node:
+            message = check_plugin_keys(node, group)
+            if message:
+                return message
+    return confidence_mismatch(cfg) if "budget" in cfg and "draft" in cfg else None
+
+
 def confidence_mismatch(cfg: DictConfig) -> str | None:
     """A budget with a confidence floor (p_min > 0) needs a drafter whose constructor takes it."""
     p_min = cfg.budget.get("p_min", 0.0)

@@ -1,7 +1,8 @@
 """One `typing.Protocol` per plug-in kind, and the base classes that give optional hooks their defaults.
 
 Contract: the pipeline and the session reach a plug-in only through the members declared here (no
-`getattr` / `hasattr` probing); mypy (tests/test_typecheck.py) checks every plug-in class against its
+`getattr` / `hasattr` probing; read-only members are properties, so a class attribute, an instance
+attribute or a property satisfies them); mypy (tests/test_typecheck.py) checks every plug-in class against its
 protocol in `specpipe/plugins.py`. A plug-in's constructor takes its YAML keys plus the runtime objects
 its kind offers (`plugins.RUNTIME`), nothing else, and has no side effects: work that needs the loaded
 models (budget=auto's calibration) is an explicit step, `Budget.prepare`.
@@ -26,15 +27,20 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
 class Drafter(Protocol):
     """Proposes up to k next tokens for the context (stages/draft.py)."""
 
-    name: str
-    engine: Engine | None  # the Engine it runs, or None (n-gram, none, an MTP head)
-    cache: list[Any] | None  # its own cache, trimmed by the rollback stage
+    @property
+    def name(self) -> str: ...
+    @property
+    def engine(self) -> Engine | None: ...  # the Engine it runs, or None (n-gram, none, an MTP head)
+    @property
+    def cache(self) -> list[Any] | None: ...  # its own cache, trimmed by the rollback stage
     cached_len: int  # context tokens held in `cache`
     forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
     # a drafted token's cost relative to a target forward when the drafter knows it (a part of the
     # target: MTP head, layer subset); None: budget=auto times `engine` against the target
-    cost_per_token: float | None
-    supports_hindsight: bool  # `hindsight` answers without a target forward (n-gram, MTP head)
+    @property
+    def cost_per_token(self) -> float | None: ...
+    @property
+    def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
@@ -76,11 +82,16 @@ class DrafterBase:
 class Budget(Protocol):
     """How many tokens to draft per step (budgets/)."""
 
-    name: str
-    label_params: tuple[str, ...]  # attributes a report shows to tell two runs apart: fixed(k=8)
-    decision: BudgetDecision | None  # why the last next_k chose its K (auto), carried by the Drafted event
-    hindsight_k: int  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
-    p_min: float  # > 0: the drafter stops below this top probability (confidence), given to its constructor
+    @property
+    def name(self) -> str: ...
+    @property
+    def label_params(self) -> tuple[str, ...]: ...  # attributes a report shows to tell two runs apart: fixed(k=8)
+    @property
+    def decision(self) -> BudgetDecision | None: ...  # why the last next_k chose its K (auto), carried by the Drafted event
+    @property
+    def hindsight_k(self) -> int: ...  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
+    @property
+    def p_min(self) -> float: ...  # > 0: the drafter stops below this top probability (confidence), given to its constructor
 
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         """Once, after the models load: measure what the budget needs from them (auto calibrates)."""
@@ -117,7 +128,8 @@ class BudgetBase:
 class Comparator(Protocol):
     """How much of the draft the target accepts (stages/compare.py)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
         """`logits`: [k + 1, vocab] from the verify stage."""
@@ -126,12 +138,18 @@ class Comparator(Protocol):
 class Rollback(Protocol):
     """Brings a cache back to the accepted length (stages/rollback.py, rollbacks/)."""
 
-    name: str
-    dropped: int  # positions removed so far
-    peak_bytes: int  # most snapshot memory held at once
-    time_s: float  # time spent rolling back
-    recompute_tokens: int  # tokens fed a second time
-    last_choice: str  # what the last rollback used when the strategy chooses per step (auto); "" otherwise
+    @property
+    def name(self) -> str: ...
+    @property
+    def dropped(self) -> int: ...  # positions removed so far
+    @property
+    def peak_bytes(self) -> int: ...  # most snapshot memory held at once
+    @property
+    def time_s(self) -> float: ...  # time spent rolling back
+    @property
+    def recompute_tokens(self) -> int: ...  # tokens fed a second time
+    @property
+    def last_choice(self) -> str: ...  # what the last rollback used when the strategy chooses per step (auto); "" otherwise
 
     def check(self, cache: list[Any], role: str) -> None:
         """Raise SpecpipeError if this strategy cannot roll `cache` back."""

@@ -9,13 +9,13 @@ with RunStarted and ending with RunFinished.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Generator, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.errors import SpecpipeError
+from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
-from specpipe.plugins import build_plugin, confidence_mismatch
+from specpipe.plugins import build_plugin, check_plugins
 from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.preflight import check_text
 from specpipe.sampling import Sampler
@@ -36,7 +36,7 @@ class Session:
         self.cfg = cfg
         self.budget: Budget = build_plugin(cfg.budget, "budget")  # needs no model: its range checks fail before a load
         m = cfg.model
-        self.target = target or load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, OmegaConf.to_container(m.tiny))
+        self.target = target or load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, cast(dict, OmegaConf.to_container(m.tiny)))
 
         def load_draft(name=None, path=None, precision=None):
             return load_engine(name, path, precision or cfg.quant.precision)
@@ -76,7 +76,7 @@ class Session:
         self.target.check_prompt_fits(len(ids))
         return ids
 
-    def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Iterator[Event]:
+    def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Generator[Event, None, None]:
         """Run the pipeline once; yields RunStarted ... RunFinished."""
         from specpipe.pipeline import SpeculativePipeline
 
@@ -102,7 +102,7 @@ def check_supported(cfg: DictConfig) -> None:
     """Refuse options whose machinery has not landed yet, before loading anything."""
     if cfg.max_tokens < 1:
         raise SpecpipeError(f"max_tokens={cfg.max_tokens}: must be at least 1")
-    message = confidence_mismatch(cfg)
+    message = check_plugins(cfg)  # unknown keys of every plug-in, p_min without a drafter that takes it
     if message:
-        raise SpecpipeError(message)
+        raise ConfigError(message)
 

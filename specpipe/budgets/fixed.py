@@ -10,7 +10,7 @@ K_MAX = 32
 
 class FixedBudget(BudgetBase):
     name = "fixed"
-    label_params = ("k",)  # what a report needs to tell two runs apart
+    label_params: tuple[str, ...] = ("k",)  # what a report needs to tell two runs apart
 
     def __init__(self, k: int = 8):
         if not 1 <= k <= K_MAX:

@@ -11,6 +11,8 @@ qwen2, qwen3, mistral, ...); anything else is refused with a SpecpipeError.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 import msgspec
@@ -30,7 +32,7 @@ def lm_head_weights(model: nn.Module, inner: nn.Module) -> nn.Module:
     return model.lm_head if "lm_head" in model else inner.embed_tokens
 
 
-def llama_parts(model: nn.Module, drafter: str) -> tuple[nn.Module, object]:
+def llama_parts(model: nn.Module, drafter: str) -> tuple[Any, Any]:
     """(inner model with embed_tokens/layers/norm, lm_head callable) of an mlx-lm model.
 
     Raises:
@@ -46,6 +48,7 @@ def llama_parts(model: nn.Module, drafter: str) -> tuple[nn.Module, object]:
             f"draft={drafter} needs an mlx-lm llama-like model (model.embed_tokens, model.layers, model.norm); "
             f"{type(model).__module__.rsplit('.', 1)[-1]} has no {', '.join(missing)}: it works on {WORKS_ON}"
         )
+    assert inner is not None  # `missing` names it otherwise
     head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
     return inner, head
 

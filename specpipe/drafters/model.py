@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specpipe.engine.engine import same_vocabulary
+from specpipe.engine.engine import Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
 from specpipe.protocols import DrafterBase
 from specpipe.stages.draft import Draft
@@ -18,6 +18,8 @@ from specpipe.stages.draft import Draft
 
 class ModelDrafter(DrafterBase):
     name = "model"
+    engine: Engine  # always a model, never None
+    cache: list  # always its own cache
 
     def __init__(
         self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, sampler=None,

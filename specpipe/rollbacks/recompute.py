@@ -19,6 +19,7 @@ accepted): nothing to do, the forward's states are already right.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import mlx.core as mx
 
@@ -36,7 +37,7 @@ class RecomputeRollback(RollbackBase):
         self.peak_bytes = 0  # most pre-forward state kept alive at once (target + draft)
         self.time_s = 0.0  # time spent restoring, trimming and re-running accepted tokens
         self.recompute_tokens = 0  # tokens fed a second time
-        self._active: dict[int, object] = {}  # id(leaf) -> leaf, between before_forward and rollback
+        self._active: dict[int, Any] = {}  # id(leaf) -> leaf, between before_forward and rollback
 
     def check(self, cache: list, role: str) -> None:
         cache_layers.check(cache, role, self.name)
