@@ -72,15 +72,6 @@ def test_every_plugin_is_checked_against_its_protocol(group, path):
     assert listed and cls.__name__ in listed[0], f"add {cls.__name__} to the {protocol} tuple in specpipe/plugins.py"
 
 
-def test_config_schemas_hold_no_values_of_plugins():
-    for schema in (config.NgramDraftConfig, config.ModelDraftConfig, config.LayerSkipDraftConfig, config.MtpDraftConfig,
-                   config.FixedBudgetConfig, config.AdaptiveBudgetConfig, config.ConfidenceBudgetConfig,
-                   config.AutoBudgetConfig, config.AutoRollbackConfig):
-        for f in dataclasses.fields(schema):
-            if f.name not in ("_target_", "_partial_", "name"):
-                assert f.default is MISSING, f"{schema.__name__}.{f.name} = {f.default!r}: the YAML holds values"
-
-
 # ---------------------------------------------------------------- misspelled keys
 
 
@@ -143,3 +134,30 @@ def test_building_auto_times_nothing_and_writes_nothing(tmp_path, monkeypatch):
     budget = build_plugin(raw, "budget")
     assert budget.name == "auto" and budget.next_k() >= 0
     assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- one source per default, every group
+
+
+def test_config_schemas_hold_types_only():
+    """No schema in config.py carries a value a YAML could contradict (nested groups are structure)."""
+    for schema in vars(config).values():
+        if not (dataclasses.is_dataclass(schema) and schema.__module__ == config.__name__):
+            continue
+        for f in dataclasses.fields(schema):
+            if f.name in ("_target_", "_partial_"):
+                continue
+            structure = f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+            assert f.default is MISSING or structure, f"{schema.__name__}.{f.name} = {f.default!r}: the YAML holds values"
+
+
+@pytest.mark.parametrize("primary, group", [("config", g) for g in ("model", "quant", "sampling", "prompt", *RUNTIME)]
+                         + [("bench", "suite"), ("train_drafter", "model")])
+def test_every_option_gives_every_value(primary, group):
+    from hydra import compose, initialize
+
+    for path in sorted((Path(CONF_DIR) / group).glob("*.yaml")):
+        with initialize(version_base=None, config_path="../specpipe/conf"):
+            cfg = compose(config_name=primary, overrides=[f"{group}={path.stem}"])
+        missing = OmegaConf.missing_keys(cfg)
+        assert not missing, f"{primary} with {group}={path.stem} leaves {sorted(missing)} unset: give them in the YAML"
