@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from importlib import resources
+from typing import Any
 
 from specpipe.engine.blas import preload_blas
 
@@ -58,7 +59,7 @@ def main() -> None:
     print("| drafter | acceptance by position 1..K | tokens / target forward | acceptance rate | drafter forwards |")
     print("|---|---|---|---|---|")
     for label, make in drafters.items():
-        totals = {"accepted": 0, "drafted": 0, "forwards": 0, "tokens": 0, "by_pos": [0.0] * k, "draft_forwards": 0}
+        totals: dict[str, Any] = {"accepted": 0, "drafted": 0, "forwards": 0, "tokens": 0, "by_pos": [0.0] * k, "draft_forwards": 0}
         for ids, baseline in zip(encoded, baselines):
             final = run(make(), ids, k)
             assert final.token_ids == baseline, f"{label}: output differs from draft=none"

@@ -79,7 +79,7 @@ def measure_mlx_lm(
     token_ids: list[int] = []
     gaps: list[float] = []
     from_draft = 0
-    last = None
+    last: float | None = None
     response = None
     t0 = time.perf_counter()
     # The prompt (all but its last token) goes into mlx-lm's own prompt caches first, so the prefill end is
@@ -113,7 +113,7 @@ def measure_mlx_lm(
         "wall_s": wall,
         "e2e_tok_s": n / wall if wall else 0.0,
         "prefill_s": prefill_end,
-        "decode_tok_s": n / (last - prefill_end) if n and last > prefill_end else 0.0,
+        "decode_tok_s": n / (last - prefill_end) if n and last is not None and last > prefill_end else 0.0,
         "gaps_ms": gaps,
         "peak_memory_bytes": int(mx.get_peak_memory()),
         "from_draft": from_draft,

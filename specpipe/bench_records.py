@@ -37,6 +37,7 @@ def load_suite(name: str, path: str | None = None, limit: int | None = None) -> 
         path: a JSONL file with one {"id": str, "prompt": str} object per line.
         limit: keep the first `limit` prompts (None: all).
     """
+    source: Path | str
     if path:
         source = Path(path)
         if not source.is_file():

@@ -116,10 +116,10 @@ def draft_cost(drafter, target, quick: bool = True) -> float:
     so with `cost_per_token`: decoding one token is bound by the weight bytes
     it reads, so its share of the target's bytes is its share of a step.
     """
-    hint = getattr(drafter, "cost_per_token", None)
+    hint = drafter.cost_per_token
     if hint is not None:
         return float(hint)
-    engine = getattr(drafter, "engine", None)
+    engine = drafter.engine
     if engine is None:
         return 0.0
     if engine is target:

@@ -2,7 +2,9 @@
 
 Each `conf/<group>/<option>.yaml` names its schema first in its defaults
 list, so a wrong type or an unknown key fails when the config is composed,
-before any model loads. Range checks that need logic live in the plug-in
+before any model loads. Schemas hold types only (`MISSING`): every value
+lives in the YAML, one source per default (tests/test_plugins.py). Range
+checks that need logic live in the plug-in
 constructors (they raise SpecpipeError).
 """
 
@@ -17,16 +19,16 @@ from omegaconf import MISSING
 
 @dataclass
 class ModelConfig:
-    name: Optional[str] = "smollm2-135m"  # packaged name or "tiny-random"
-    path: Optional[str] = None  # GGUF file / model folder / HF-cache repo id; wins over name
-    arch: str = "llama"  # tiny-random only: any mlx-lm model_type
-    seed: int = 0  # tiny-random only: weight seed
-    tiny: Dict[str, Any] = field(default_factory=dict)  # tiny-random only: +model.tiny.hidden_size=256
+    name: Optional[str] = MISSING  # packaged name or "tiny-random"
+    path: Optional[str] = MISSING  # GGUF file / model folder / HF-cache repo id; wins over name
+    arch: str = MISSING  # tiny-random only: any mlx-lm model_type
+    seed: int = MISSING  # tiny-random only: weight seed
+    tiny: Dict[str, Any] = MISSING  # tiny-random only: +model.tiny.hidden_size=256
 
 
 @dataclass
 class QuantConfig:
-    precision: str = "auto"  # auto | stored | float32 | bfloat16 | float16 | mlx4 | mlx8
+    precision: str = MISSING  # auto | stored | float32 | bfloat16 | float16 | mlx4 | mlx8
 
 
 @dataclass
@@ -43,45 +45,45 @@ class NoneDraftConfig(PluginConfig):
 
 @dataclass
 class NgramDraftConfig(PluginConfig):
-    min_n: int = 1
-    max_n: int = 4
-    window: int = 4096
+    min_n: int = MISSING
+    max_n: int = MISSING
+    window: int = MISSING
 
 
 @dataclass
 class ModelDraftConfig(PluginConfig):
-    model: str = "self"  # packaged name, or "self" to draft with the target
-    path: Optional[str] = None
-    quant: Optional[str] = None  # None: same precision as the target
+    model: str = MISSING  # packaged name, or "self" to draft with the target
+    path: Optional[str] = MISSING
+    quant: Optional[str] = MISSING  # None: same precision as the target
 
 
 @dataclass
 class FixedBudgetConfig(PluginConfig):
-    k: int = 4
+    k: int = MISSING
 
 
 @dataclass
 class AdaptiveBudgetConfig(PluginConfig):
-    k: int = 4  # starting K
-    k_min: int = 1
-    k_max: int = 16
+    k: int = MISSING  # starting K
+    k_min: int = MISSING
+    k_max: int = MISSING
 
 
 @dataclass
 class ConfidenceBudgetConfig(PluginConfig):
-    k: int = 16  # most tokens per draft
-    p_min: float = 0.6  # stop drafting below this top probability
+    k: int = MISSING  # most tokens per draft
+    p_min: float = MISSING  # stop drafting below this top probability
 
 
 @dataclass
 class AutoBudgetConfig(PluginConfig):
-    k_max: int = 16
-    probe_every: int = 8  # while plain decoding wins, re-check acceptance after this many steps
-    probe_max: int = 64  # each probe that leaves K at 0 doubles the wait, up to this
-    probe_k: int = 2
-    forget: float = 0.9  # acceptance memory per step
-    prior_alpha: float = 0.5
-    quick: bool = True  # calibrate 7 points (vs 33) when the device has no cached curve
+    k_max: int = MISSING
+    probe_every: int = MISSING  # while plain decoding wins, re-check acceptance after this many steps
+    probe_max: int = MISSING  # each probe that leaves K at 0 doubles the wait, up to this
+    probe_k: int = MISSING
+    forget: float = MISSING  # acceptance memory per step
+    prior_alpha: float = MISSING
+    quick: bool = MISSING  # calibrate 7 points (vs 33) when the device has no cached curve
 
 
 @dataclass
@@ -96,18 +98,18 @@ class CompareConfig(PluginConfig):
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
+    temperature: float = MISSING
+    top_k: int = MISSING
+    top_p: float = MISSING
+    min_p: float = MISSING
+    seed: int = MISSING
 
 
 @dataclass
 class PromptConfig:
     text: str = MISSING
-    chat: bool = True  # wrap in the model's chat template when it has one
-    system: Optional[str] = None
+    chat: bool = MISSING  # wrap in the model's chat template when it has one
+    system: Optional[str] = MISSING
 
 
 @dataclass
@@ -126,9 +128,9 @@ class PipelineGroups:
 @dataclass
 class SpecpipeConfig(PipelineGroups):
     prompt: PromptConfig = field(default_factory=PromptConfig)
-    max_tokens: int = 128
-    stream: bool = True  # print text as it is generated
-    output_dir: Optional[str] = None  # None: Hydra's run folder
+    max_tokens: int = MISSING
+    stream: bool = MISSING  # print text as it is generated
+    output_dir: Optional[str] = MISSING  # None: Hydra's run folder
 
 
 def register() -> None:
@@ -159,27 +161,27 @@ register()
 @dataclass
 class SuiteConfig:
     name: str = MISSING  # packaged suite: specpipe/suites/<name>.jsonl
-    path: Optional[str] = None  # a JSONL file of {"id", "prompt"} lines; wins over name
-    chat: bool = True  # wrap prompts in the model's chat template
-    system: Optional[str] = None
+    path: Optional[str] = MISSING  # a JSONL file of {"id", "prompt"} lines; wins over name
+    chat: bool = MISSING  # wrap prompts in the model's chat template
+    system: Optional[str] = MISSING
 
 
 @dataclass
 class BenchConfig(PipelineGroups):
     suite: SuiteConfig = field(default_factory=SuiteConfig)
-    max_tokens: int = 64
-    limit: Optional[int] = None  # first N prompts of the suite; None: all
-    warmup: bool = True  # one untimed short run of every path before measuring
-    anchor: bool = True  # also run mlx-lm's own generation on the same model objects
+    max_tokens: int = MISSING
+    limit: Optional[int] = MISSING  # first N prompts of the suite; None: all
+    warmup: bool = MISSING  # one untimed short run of every path before measuring
+    anchor: bool = MISSING  # also run mlx-lm's own generation on the same model objects
     # mlx-lm's num_draft_tokens values to sweep per prompt (draft=model only); None: the budget's k alone.
     # The report then shows each K and mlx-lm's best, chosen over the whole suite, not per prompt.
-    anchor_ks: Optional[List[int]] = None
-    resume: bool = False  # skip (config hash, prompt id) pairs already in the results file
-    results: Optional[str] = None  # results JSONL; None: <sweep or run dir>/bench.jsonl
-    repeats: int = 1  # each prompt's baseline / speculative pair this many times; the median run of each is kept
+    anchor_ks: Optional[List[int]] = MISSING
+    resume: bool = MISSING  # skip (config hash, prompt id) pairs already in the results file
+    results: Optional[str] = MISSING  # results JSONL; None: <sweep or run dir>/bench.jsonl
+    repeats: int = MISSING  # each prompt's baseline / speculative pair this many times; the median run of each is kept
     # specpipe's own fixed K values to measure beside the configured budget (same drafter, same baseline runs);
     # the verdict line compares the budget (e.g. auto) with the best of them and with mlx-lm's best K.
-    fixed_ks: Optional[List[int]] = None
+    fixed_ks: Optional[List[int]] = MISSING
 
 
 def register_bench() -> None:
@@ -206,7 +208,7 @@ class RecomputeRollbackConfig(PluginConfig):
 
 @dataclass
 class AutoRollbackConfig(PluginConfig):
-    max_snapshot_mb: float = 1024.0  # per model: above this a step recomputes instead of checkpointing
+    max_snapshot_mb: float = MISSING  # per model: above this a step recomputes instead of checkpointing
 
 
 def register_rollbacks() -> None:
@@ -223,36 +225,36 @@ register_rollbacks()
 
 @dataclass
 class LayerSkipDraftConfig(PluginConfig):
-    depth: Optional[int] = 8  # draft with layers [0, depth) of the target
-    layers: Optional[List[int]] = None  # explicit layer indices; wins over depth
+    depth: Optional[int] = MISSING  # draft with layers [0, depth) of the target
+    layers: Optional[List[int]] = MISSING  # explicit layer indices; wins over depth
 
 
 @dataclass
 class MtpDraftConfig(PluginConfig):
-    head: Optional[str] = None  # head folder / checkpoint folder; None: the model's own or the trained one next to it
+    head: Optional[str] = MISSING  # head folder / checkpoint folder; None: the model's own or the trained one next to it
 
 
 @dataclass
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
-    corpus: Optional[str] = None  # folder or text file; None: Python's stdlib + installed packages
-    out: Optional[str] = None  # head folder; None: next to the model (where draft=mtp looks)
-    sequences: int = 256  # corpus size in seq_len-token sequences (target hidden states are precomputed once)
-    answers: float = 0.0  # share of sequences that are the target's own chat answers to tasks cut from the corpus
-    steps: int = 600
-    batch: int = 4
-    seq_len: int = 128
-    chunk: int = 16  # sequences per chunk of precomputed target hidden states
-    unroll: int = 2  # chained head steps trained per position
-    ce_positions: int = 64  # positions per step that also get cross-entropy through the full LM head
-    ce_weight: float = 0.1
-    lr: float = 1e-3
-    warmup: int = 50
-    seed: int = 0
-    resume: bool = True  # continue from out/train_state when present
-    save_every: int = 100
-    max_files: int = 20000
+    corpus: Optional[str] = MISSING  # folder or text file; None: Python's stdlib + installed packages
+    out: Optional[str] = MISSING  # head folder; None: next to the model (where draft=mtp looks)
+    sequences: int = MISSING  # corpus size in seq_len-token sequences (target hidden states are precomputed once)
+    answers: float = MISSING  # share of sequences that are the target's own chat answers to tasks cut from the corpus
+    steps: int = MISSING
+    batch: int = MISSING
+    seq_len: int = MISSING
+    chunk: int = MISSING  # sequences per chunk of precomputed target hidden states
+    unroll: int = MISSING  # chained head steps trained per position
+    ce_positions: int = MISSING  # positions per step that also get cross-entropy through the full LM head
+    ce_weight: float = MISSING
+    lr: float = MISSING
+    warmup: int = MISSING
+    seed: int = MISSING
+    resume: bool = MISSING  # continue from out/train_state when present
+    save_every: int = MISSING
+    max_files: int = MISSING
 
 
 def register_drafters_extra() -> None:

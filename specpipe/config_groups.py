@@ -9,6 +9,7 @@ with that group replaced wholesale (no keys of the old option left behind).
 from __future__ import annotations
 
 from importlib import resources
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 def group_option(group: str, option: str, **values) -> dict:
     """The option's YAML as a dict, `values` applied, `_partial_` set as the session instantiates it."""
     text = resources.files("specpipe.conf").joinpath(group, f"{option}.yaml").read_text(encoding="utf-8")
-    node = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    node = cast(dict, OmegaConf.to_container(OmegaConf.create(text), resolve=True))
     node.pop("defaults", None)
     unknown = set(values) - set(node)
     if unknown:
@@ -28,6 +29,6 @@ def group_option(group: str, option: str, **values) -> dict:
 
 def with_group(cfg: DictConfig, group: str, option: str, **values) -> DictConfig:
     """`cfg` (unchanged) copied with `group` replaced by the packaged `option`."""
-    node = OmegaConf.to_container(cfg, resolve=True)
+    node = cast(dict, OmegaConf.to_container(cfg, resolve=True))
     node[group] = group_option(group, option, **values)
     return OmegaConf.create(node)

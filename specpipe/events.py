@@ -36,7 +36,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     weight_bytes: int = 0
 
 
-class RunStarted(Base, kw_only=True):
+class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     target: ModelInfo
     draft: ModelInfo | None = None
     drafter: str  # "ngram" | "model" | "none" | ...
@@ -50,7 +50,7 @@ class RunStarted(Base, kw_only=True):
     config_yaml: str = ""
 
 
-class PrefillDone(Base, kw_only=True):
+class PrefillDone(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     tokens: int
     seconds: float
 
@@ -73,7 +73,7 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     t_verify: float = 0.0  # T(K+1)/T(1) it used
 
 
-class Drafted(Base, kw_only=True):
+class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     """A drafter proposed `draft_ids` for this step (may be fewer than k).
 
     With K = 0, budget=auto may instead look back: `hindsight_ids` is what the
@@ -106,7 +106,7 @@ class Drafted(Base, kw_only=True):
     decision: BudgetDecision | None = None
 
 
-class Verified(Base, kw_only=True):
+class Verified(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     """One target forward scored the draft; the comparator's verdict.
 
     Exactly one of `recovered_id` (target token at the first rejection) and
@@ -123,7 +123,7 @@ class Verified(Base, kw_only=True):
     overlap: list[float] = []  # Σ min(p, q) per draft position (sampling rules only)
 
 
-class RolledBack(Base, kw_only=True):
+class RolledBack(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     """Caches were brought back to the accepted length."""
 
     step: int
@@ -133,7 +133,7 @@ class RolledBack(Base, kw_only=True):
     seconds: float
 
 
-class Emitted(Base, kw_only=True):
+class Emitted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     """Tokens appended to the output (accepted + recovered/bonus, cut at stop)."""
 
     step: int
@@ -186,14 +186,14 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     probe_steps: int = 0
 
 
-class RunFinished(Base, kw_only=True):
+class RunFinished(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     stop_reason: str  # "eos" | "max_tokens" | "stopped" (RunControl) | "interrupted" (Ctrl-C) | "error"
     token_ids: list[int]
     text: str
     stats: RunStats
 
 
-class RunError(Base, kw_only=True):
+class RunError(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
     message: str
 
 

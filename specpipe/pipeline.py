@@ -3,7 +3,8 @@
 Contract: `SpeculativePipeline.run(prompt_ids, max_tokens)` yields typed
 events (events.py) ending in exactly one RunFinished, also on Ctrl-C. It
 delegates every decision to its stages and touches MLX only through them
-and the target Engine.
+and the target Engine; it reaches each plug-in only through its protocol
+(specpipe/protocols.py).
 
 Cache invariant: the target cache holds every context token except the
 newest one (`last_id`), which the next verify feeds first.
@@ -13,20 +14,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Generator
 
 import mlx.core as mx
 import msgspec
 
 from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
+from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.stages.compare import first_false
 from specpipe.stages.draft import Draft
 from specpipe.stages.verify import verify
 
 
 class SpeculativePipeline:
-    def __init__(self, target, drafter, budget, comparator, rollback, bonus, started: RunStarted | None = None):
+    def __init__(
+        self, target, drafter: Drafter, budget: Budget, comparator: Comparator, rollback: Rollback, bonus: Bonus,
+        started: RunStarted | None = None,
+    ):
         self.target, self.drafter, self.budget = target, drafter, budget
         self.comparator, self.rollback, self.bonus = comparator, rollback, bonus
         self.started = started
@@ -38,7 +43,7 @@ class SpeculativePipeline:
 
     def run(
         self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None, control: RunControl | None = None
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Generate up to `max_tokens` tokens after `prompt_ids`.
 
         Args:
@@ -66,9 +71,9 @@ class SpeculativePipeline:
             stats = msgspec.structs.replace(
                 collector.stats(peak_memory_bytes=mx.get_peak_memory(), wall_s=clock()),
                 rollback_strategy=self.rollback.name,
-                rollback_peak_bytes=getattr(self.rollback, "peak_bytes", 0),
-                rollback_time_s=getattr(self.rollback, "time_s", 0.0),
-                recompute_tokens=getattr(self.rollback, "recompute_tokens", 0),
+                rollback_peak_bytes=self.rollback.peak_bytes,
+                rollback_time_s=self.rollback.time_s,
+                recompute_tokens=self.rollback.recompute_tokens,
             )
             return RunFinished(t=clock(), stop_reason=reason, token_ids=collector.token_ids, text=collector.text, stats=stats)
 
@@ -90,10 +95,12 @@ class SpeculativePipeline:
                     break
                 step += 1
                 # ---- draft: never more than the tokens still wanted, minus the bonus
+                decision: BudgetDecision | None
                 if control.k is not None:
                     k, decision = control.k, BudgetDecision(k=control.k, reason="override")
                 else:
-                    k, decision = self.budget.next_k(), getattr(self.budget, "decision", None)
+                    k = self.budget.next_k()
+                    decision = self.budget.decision
                 k = min(k, max_tokens - len(output) - 1)
                 s = time.perf_counter()
                 draft_start = self.drafter.cached_len
@@ -126,7 +133,9 @@ class SpeculativePipeline:
                 n = verdict.accepted
                 bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
                 verify_s = time.perf_counter() - s
-                new_ids = draft.token_ids[:n] + [verdict.recovered_id if bonus_id is None else bonus_id]
+                next_id = verdict.recovered_id if bonus_id is None else bonus_id
+                assert next_id is not None, "a comparator that rejects must recover a token"
+                new_ids = draft.token_ids[:n] + [next_id]
                 yield emit(Verified(
                     t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
                     recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
@@ -147,7 +156,7 @@ class SpeculativePipeline:
                     self.drafter.cached_len -= draft_drop
                 self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
                 yield emit(RolledBack(
-                    t=clock(), step=step, strategy=getattr(self.rollback, "last_choice", "") or self.rollback.name,
+                    t=clock(), step=step, strategy=self.rollback.last_choice or self.rollback.name,
                     target_dropped=target_drop,
                     draft_dropped=draft_drop, seconds=time.perf_counter() - s,
                 ))
@@ -174,8 +183,8 @@ class SpeculativePipeline:
     def _hindsight(self, k: int, generated: int, context: list[int]) -> tuple[list[int], int]:
         """On a K = 0 step the budget may ask what the drafter would have said for the last
         tokens the target emitted (never the prompt's): evidence without a verify forward."""
-        m = min(getattr(self.budget, "hindsight_k", 0), generated) if k <= 0 else 0
-        if m <= 0 or not hasattr(self.drafter, "hindsight"):
+        m = min(self.budget.hindsight_k, generated) if k <= 0 else 0
+        if m <= 0 or not self.drafter.supports_hindsight:
             return [], 0
         guess = self.drafter.hindsight(context, m)[:m]
         matched = first_false([g == t for g, t in zip(guess, context[-m:])])  # the greedy comparator's rule

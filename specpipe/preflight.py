@@ -4,7 +4,8 @@
 Contract: `check_config(cfg) -> str | None` takes a composed config of any
 app (specpipe, specpipe-bench, specpipe-train-drafter) and returns one
 actionable line for the first problem, or None. It catches keys the schema
-does not have (`+budget.kk=3`), numbers that are not finite, seeds outside
+does not have (`+budget.kk=3`) or a model-free plug-in's constructor does
+not take (Session checks the others' before loading), numbers that are not finite, seeds outside
 0..2^64-1, out-of-range counts, sampling values, budgets, and prompt text
 that is not valid Unicode. It never loads a model or touches a file.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -46,7 +48,7 @@ RANGES = {
 
 def check_config(cfg: DictConfig) -> str | None:
     """The first problem the config alone shows, as one line; None when there is none."""
-    for check in (_unknown_keys, _numbers, _ranges, _sampling, _plugins, _prompt):
+    for check in (_unknown_keys, _numbers, _ranges, _sampling, _plugins, _confidence, _prompt):
         message = check(cfg)
         if message:
             return message
@@ -83,12 +85,12 @@ def _unknown_keys(cfg: DictConfig, prefix: str = "") -> str | None:
     schema = OmegaConf.get_type(cfg)
     if dataclasses.is_dataclass(schema):
         known = {f.name for f in dataclasses.fields(schema)}
-        for key in cfg.keys():
+        for key in map(str, cfg.keys()):
             if key not in known:
                 options = ", ".join(sorted(k for k in known if not k.startswith("_")))
                 return (f"unknown config key '{prefix}{key}': check the spelling; "
                         f"{prefix.rstrip('.') or 'the top level'} has {options}")
-    for key in cfg.keys():
+    for key in map(str, cfg.keys()):
         if OmegaConf.is_missing(cfg, key):
             continue
         node = cfg[key]
@@ -111,7 +113,7 @@ def _leaves(cfg, prefix: str = ""):
 
 
 def _plain(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    return cast(dict, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
 
 
 def _numbers(cfg: DictConfig) -> str | None:
@@ -144,23 +146,34 @@ def _sampling(cfg: DictConfig) -> str | None:
     return check_sampling(s.temperature, s.top_k, s.top_p, s.min_p)
 
 
+# Plug-ins built here to run their own checks (ranges, unknown keys): they need no model and their modules
+# import no MLX. The others' keys are checked by Session before it loads a model: importing mlx-lm here
+# would cost ~2 s before the CLI claims its run folder.
+MODEL_FREE = ("specpipe.budgets.", "specpipe.drafters.ngram.", "specpipe.drafters.none.")
+
+
 def _plugins(cfg: DictConfig) -> str | None:
-    """Build the plug-ins whose constructors need only their config (budgets, n-gram) to run their own checks."""
-    from hydra.utils import instantiate
+    """Build the model-free plug-ins (budgets, n-gram, none): their constructors check their options."""
+    from specpipe.plugins import build_plugin
 
     for group in ("budget", "draft"):
-        node = cfg.get(group)
-        if not isinstance(node, DictConfig) or "_target_" not in node:
+        node = cfg.get(group) if group in cfg else None
+        if not isinstance(node, DictConfig) or not str(node.get("_target_", "")).startswith(MODEL_FREE):
             continue
-        if group == "draft" and node.get("name") != "ngram":
-            continue  # other drafters need the loaded target to check their options
         try:
-            instantiate(node)()
+            build_plugin(node, group)
         except SpecpipeError as exc:
             return str(exc)
-        except Exception:  # noqa: BLE001  (needs runtime objects: Session checks it after loading)
-            continue
     return None
+
+
+def _confidence(cfg: DictConfig) -> str | None:
+    """budget=confidence needs a drafter that takes p_min (imports that drafter's module, loads nothing)."""
+    if "budget" not in cfg or "draft" not in cfg:
+        return None
+    from specpipe.plugins import confidence_mismatch
+
+    return confidence_mismatch(cfg)
 
 
 def _prompt(cfg: DictConfig) -> str | None:

@@ -9,14 +9,14 @@ with RunStarted and ending with RunFinished.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Generator, cast
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.errors import SpecpipeError
+from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
+from specpipe.plugins import build_plugin, check_plugins
+from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.preflight import check_text
 from specpipe.sampling import Sampler
 from specpipe.stages.bonus import GreedyBonus, SampledBonus
@@ -34,6 +34,7 @@ class Session:
 
         check_supported(cfg)
         self.cfg = cfg
+        self.budget: Budget = build_plugin(cfg.budget, "budget")  # needs no model: its range checks fail before a load
         self.target = target or load_target(cfg)
 
         def load_draft(name=None, path=None, precision=None):
@@ -41,16 +42,14 @@ class Session:
 
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed)
-        self.drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler)
-        self.budget = build_plugin(cfg.budget, "budget", target=self.target, drafter=self.drafter)
-        if getattr(self.budget, "p_min", 0.0) > 0:
-            if not hasattr(self.drafter, "p_min"):
-                raise SpecpipeError(
-                    f"budget=confidence needs a drafter with probabilities; draft={self.drafter.name} has none: "
-                    "use draft=model (or budget=fixed / adaptive)"
-                )
-            self.drafter.p_min = self.budget.p_min
-        self.rollback = build_plugin(cfg.rollback, "rollback")
+        # budget=confidence's floor reaches the drafter through its constructor (check_supported
+        # refused drafters without one)
+        floor = {"p_min": self.budget.p_min} if self.budget.p_min > 0 else {}
+        self.drafter: Drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler, **floor)
+        self.budget.prepare(self.target, self.drafter)  # budget=auto calibrates here (timed once per device, cached)
+        self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
+        self.comparator: Comparator
+        self.bonus: Bonus
         if self.sampler.greedy:
             # every rule reduces to argmax comparison at temperature 0
             self.comparator, self.bonus = GreedyComparator(), GreedyBonus()
@@ -76,7 +75,7 @@ class Session:
         self.target.check_prompt_fits(len(ids))
         return ids
 
-    def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Iterator[Event]:
+    def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Generator[Event, None, None]:
         """Run the pipeline once; yields RunStarted ... RunFinished."""
         from specpipe.pipeline import SpeculativePipeline
 
@@ -94,7 +93,7 @@ class Session:
 
     def budget_label(self) -> str:
         """e.g. fixed(k=8), adaptive(k=4, k_max=16), confidence(k=16, p_min=0.6), auto(k_max=16)."""
-        params = [f"{a}={getattr(self.budget, a)}" for a in getattr(self.budget, "label_params", ())]
+        params = [f"{a}={getattr(self.budget, a)}" for a in self.budget.label_params]
         return f"{self.budget.name}({', '.join(params)})" if params else self.budget.name
 
 
@@ -102,12 +101,7 @@ def check_supported(cfg: DictConfig) -> None:
     """Refuse options whose machinery has not landed yet, before loading anything."""
     if cfg.max_tokens < 1:
         raise SpecpipeError(f"max_tokens={cfg.max_tokens}: must be at least 1")
+    message = check_plugins(cfg)  # unknown keys of every plug-in, p_min without a drafter that takes it
+    if message:
+        raise ConfigError(message)
 
-
-def build_plugin(node: DictConfig, group: str, **runtime):
-    """Instantiate a `_target_` + `_partial_` config node, then call it with runtime objects."""
-    try:
-        factory = instantiate(node)
-    except InstantiationException as exc:
-        raise SpecpipeError(f"{group}: cannot build {node.get('_target_')!r} ({str(exc).splitlines()[0]})") from exc
-    return factory(**runtime)

@@ -17,7 +17,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
-STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+STOP_SIGNALS: dict[int, str] = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 BROKEN_PIPE = 13  # SIGPIPE's number: the exit code convention for "the reader went away" (128 + 13)
 
 _received: int | None = None  # the first stop signal (or BROKEN_PIPE) this process got

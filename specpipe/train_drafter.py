@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import cast
 
 from specpipe.engine.blas import preload_blas
 
@@ -100,7 +101,7 @@ def precompute(inner, lm_head, stream, n_seqs: int, chunk: int, path: Path, log)
     """
     if path.exists():
         return dict(mx.load(str(path)))
-    parts = {"tokens": [], "hidden": [], "labels": []}
+    parts: dict[str, list] = {"tokens": [], "hidden": [], "labels": []}
     done = 0
     while done < n_seqs:
         seqs = [s for s, _ in zip(stream, range(min(chunk, n_seqs - done)))]
@@ -210,7 +211,7 @@ def train(cfg) -> Path:
     meta = {
         "target": {"name": target.info.name, "arch": target.info.arch, "sha256": target.info.sha256},
         "hidden_size": int(inner.norm.weight.shape[0]), "block_from_layer": layer_idx,
-        "train": {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in ("model", "quant")},
+        "train": {k: v for k, v in cast(dict, OmegaConf.to_container(cfg)).items() if k not in ("model", "quant")},
     }
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -64,6 +64,12 @@ def noisy_copy(engine: Engine, scale: float, seed: int = 1, tiny: dict | None = 
     return clone
 
 
+def prepared(budget, target: Engine, drafter):
+    """A budget after the session's explicit calibration step (budget=auto times the device here)."""
+    budget.prepare(target, drafter)
+    return budget
+
+
 def make_drafter(kind: str, target: Engine, draft_engine: Engine | None = None):
     if kind == "none":
         return NoneDrafter()

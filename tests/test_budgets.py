@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
+from conftest import first_difference, generate, make_drafter, noisy_copy, prepared, tiny
 from specpipe.budgets.adaptive import AdaptiveBudget
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.confidence import ConfidenceBudget
@@ -164,15 +164,9 @@ def test_auto_follows_the_draft_cost_measured_in_the_run():
     assert b.c == c  # that catch-up is not the per-token draft cost
 
 
-class LooksBack:
-    """Stands in for a drafter that can guess tokens already emitted (n-gram, MTP)."""
-
-    def hindsight(self, context_ids, m):
-        return []
-
-
 def test_auto_probes_in_hindsight_instead_of_spending_a_verify():
-    b = AutoBudget(k_max=32, prior_alpha=0.9, drafter=LooksBack())
+    b = AutoBudget(k_max=32, prior_alpha=0.9)
+    b.hindsight = True  # as prepare() sets it for a drafter that can look back (n-gram, MTP)
     b.ratio, b.c = FLAT, 0.0  # a free drafter (n-gram): look back on every plain step
     assert b.next_k() > 0
     for _ in range(30):
@@ -189,7 +183,8 @@ def test_auto_probes_in_hindsight_instead_of_spending_a_verify():
 
 
 def test_auto_looks_back_one_token_on_the_probe_schedule_when_each_costs_an_lm_head():
-    b = AutoBudget(k_max=32, prior_alpha=0.9, drafter=LooksBack())
+    b = AutoBudget(k_max=32, prior_alpha=0.9)
+    b.hindsight = True  # as prepare() sets it for a drafter that can look back (n-gram, MTP)
     b.ratio, b.c = FLAT, 0.2  # an MTP head: each guessed token runs the LM head
     assert b.next_k() > 0
     for _ in range(30):
@@ -258,7 +253,7 @@ def test_budgets_keep_greedy_output(budget_name, kind, tmp_path, monkeypatch):
     prompt = target.encode_prompt("the cat sat on the mat, the cat sat on the", chat=False)
     baseline, *_ = generate(target, make_drafter("none", target), 1, prompt, 48)
     drafter = make_drafter(kind, target, draft)
-    budget = AdaptiveBudget(k=2, k_max=32) if budget_name == "adaptive" else AutoBudget(target=target, drafter=drafter)
+    budget = AdaptiveBudget(k=2, k_max=32) if budget_name == "adaptive" else prepared(AutoBudget(), target, drafter)
     pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), TrimRollback(), GreedyBonus())
     final = list(pipe.run(prompt, 48, stop_ids=set()))[-1]
     assert final.token_ids == baseline, first_difference(target, prompt, baseline, final.token_ids)

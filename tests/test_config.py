@@ -7,12 +7,12 @@ import os
 
 import pytest
 from hydra import compose, initialize
-from hydra.utils import instantiate
 
 import specpipe.config  # noqa: F401
 from conftest import CONF_DIR, tiny
 from specpipe.cli.argv import validate_overrides
 from specpipe.errors import SpecpipeError
+from specpipe.plugins import build_plugin
 
 GROUPS = ["model", "draft", "quant", "budget", "rollback", "compare", "sampling", "prompt", "experiment"]
 
@@ -39,7 +39,7 @@ def test_every_drafter_builds_against_a_tiny_model(option):
     extra = ["draft.depth=1"] if option == "layerskip" else []
     cfg = compose_with([f"draft={option}", *extra])
     target = tiny("llama")
-    drafter = instantiate(cfg.draft)(target=target, load=None)
+    drafter = build_plugin(cfg.draft, "draft", target=target, load=None)
     assert drafter.name == option
     context = [1, 2, 3, 1, 2]  # "1 2" was followed by "3 1 2" once: an n-gram drafter has a full guess
     drafter.prefill(context)
@@ -65,7 +65,7 @@ def greedy_continuation(target, context: list[int], n: int) -> list[int]:
 def test_every_budget_and_rollback_builds(group):
     for option in options(group):
         cfg = compose_with([f"{group}={option}"])
-        assert instantiate(cfg[group])().name == option
+        assert build_plugin(cfg[group], group).name == option
 
 
 @pytest.mark.parametrize(
@@ -99,4 +99,4 @@ def test_good_overrides_pass():
 def test_budget_out_of_range(k):
     cfg = compose_with([f"budget.k={k}"])
     with pytest.raises(SpecpipeError, match="out of range"):
-        instantiate(cfg.budget)()
+        build_plugin(cfg.budget, "budget")

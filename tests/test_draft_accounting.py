@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
+from conftest import first_difference, generate, make_drafter, noisy_copy, prepared, tiny
 from specpipe.budgets import auto as auto_module
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.confidence import ConfidenceBudget
@@ -58,7 +58,7 @@ def test_draft_forwards_per_run_and_by_purpose(pair, budget, tmp_path, monkeypat
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
     target, draft, prompt, baseline = pair
     drafter = make_drafter("model", target, draft)
-    b = FixedBudget(k=4) if budget == "fixed" else AutoBudget(target=target, drafter=drafter)
+    b = FixedBudget(k=4) if budget == "fixed" else prepared(AutoBudget(), target, drafter)
     first, second = run_twice(target, drafter, b, prompt)
     for events in (first, second):
         assert events[-1].token_ids == baseline, first_difference(target, prompt, baseline, events[-1].token_ids)
@@ -91,7 +91,7 @@ def test_auto_logs_each_decision(pair, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
     target, draft, prompt, _ = pair
     drafter = make_drafter("model", target, draft)
-    events, _ = run_twice(target, drafter, AutoBudget(target=target, drafter=drafter), prompt)
+    events, _ = run_twice(target, drafter, prepared(AutoBudget(), target, drafter), prompt)
     steps = [e for e in events if isinstance(e, Drafted)]
     for e in steps:
         d = e.decision
@@ -142,15 +142,15 @@ def test_auto_carries_rates_to_the_next_session_with_the_same_pair(pair, tmp_pat
     monkeypatch.setattr(auto_module, "_LEARNED", {})
     target, draft, _, _ = pair
     drafter = make_drafter("model", target, draft)
-    first = AutoBudget(target=target, drafter=drafter)
+    first = prepared(AutoBudget(), target, drafter)
     fresh = (first.alpha, first.continuation)
     for _ in range(20):
         first.observe(8, 8, draft_s=0.1, verify_s=1.0)
-    second = AutoBudget(target=target, drafter=drafter)
+    second = prepared(AutoBudget(), target, drafter)
     assert second.alpha > fresh[0] and second.continuation > 0.9 and second.c == pytest.approx(first.c)
     # carried as a light prior: a few steps of new text move it
     assert sum(second._first) <= auto_module.CARRY_TRIALS + 1e-9
-    other = AutoBudget(target=target, drafter=make_drafter("ngram", target))
+    other = prepared(AutoBudget(), target, make_drafter("ngram", target))
     assert (other.alpha, other.continuation) == fresh  # another drafter keeps its own rates
 
 

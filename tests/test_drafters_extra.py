@@ -154,7 +154,8 @@ def test_auto_with_hindsight_probes_keeps_greedy_output(setup, kind):
     """Verify cost T(n) = n (auto's uncalibrated prior): K stays 0 and every probe is a look back."""
     target, prompt, baseline, head = setup
     drafter = MtpDrafter(target=target, head=head) if kind == "mtp" else make_drafter("ngram", target)
-    budget = AutoBudget(drafter=drafter)
+    budget = AutoBudget()  # not prepared: no calibration, the prior T(n) = n
+    budget.hindsight = drafter.supports_hindsight
     budget.c = draft_cost(drafter, target)
     pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), TrimRollback(), GreedyBonus())
     events = list(pipe.run(prompt, 48, stop_ids=set()))

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
+from specpipe.protocols import BudgetBase
 
 
-class AdaptiveBudget:
+class AdaptiveBudget(BudgetBase):
     name = "adaptive"
     label_params = ("k", "k_max")  # what a report needs to tell two runs apart
 
-    def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 16, **_runtime):
+    def __init__(self, k: int = 4, k_min: int = 1, k_max: int = 16):
         if not 1 <= k_min <= k_max <= K_MAX:
             raise SpecpipeError(f"budget.k_min={k_min}, budget.k_max={k_max}: need 1 <= k_min <= k_max <= {K_MAX}")
         if not k_min <= k <= k_max:
@@ -26,7 +27,7 @@ class AdaptiveBudget:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, drafted: int, accepted: int, **_timings) -> None:
+    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
         if drafted < self.k and accepted == drafted:
             return  # a short draft says nothing about how long drafts could be
         if accepted == drafted:

@@ -35,7 +35,10 @@ forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
-c starts from the calibration (a draft model timed alone on this device; for
+Constructing the budget measures nothing: `prepare(target, drafter)`, which
+the session calls once after loading, reads the device's calibrated verify
+curve (timed and cached on first use) and the drafter's cost. c starts from
+that calibration (a draft model timed alone on this device; for
 a drafter running part of the target, its share of the target's weight
 bytes) and then follows the run: each step's draft seconds per drafted token
 over the target step time implied by that step's verify (verify seconds /
@@ -51,6 +54,7 @@ from __future__ import annotations
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
 from specpipe.events import BudgetDecision
+from specpipe.protocols import BudgetBase, Drafter
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
 MEASURED_FORGET = 0.8  # verify timings follow the machine's load faster than acceptance follows the text
@@ -60,13 +64,13 @@ CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior t
 _LEARNED: dict[tuple, dict] = {}
 
 
-class AutoBudget:
+class AutoBudget(BudgetBase):
     name = "auto"
     label_params = ("k_max",)  # what a report needs to tell two runs apart
 
     def __init__(
         self, k_max: int = 16, probe_every: int = 8, probe_k: int = 2, forget: float = 0.9,
-        prior_alpha: float = 0.5, quick: bool = True, probe_max: int = 64, target=None, drafter=None, **_runtime,
+        prior_alpha: float = 0.5, quick: bool = True, probe_max: int = 64,
     ):
         if not 1 <= k_max <= K_MAX:
             raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
@@ -77,7 +81,7 @@ class AutoBudget:
         if not 1 <= probe_every <= probe_max:
             raise SpecpipeError(f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max")
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
-        self.probe_max = probe_max
+        self.probe_max, self.quick = probe_max, quick
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
         # a weak prior, two trials' worth each: [successes, failures]
         self._first = [2 * prior_alpha, 2 * (1 - prior_alpha)]
@@ -87,15 +91,22 @@ class AutoBudget:
         self._seconds: dict[int, float] = {}  # n -> this run's verify seconds over n tokens (forgetting average)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
-        if target is not None:
-            from specpipe.calibrate import draft_cost, verify_cost_curve
-
-            self.ratio = verify_cost_curve(target, quick)["ratio"]
-            self.c = draft_cost(drafter, target, quick)
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
-        self.hindsight = hasattr(drafter, "hindsight")
+        self.hindsight = False
         self.hindsight_k = 0
         self.decision: BudgetDecision | None = None  # why the last next_k chose its K
+        self._key: tuple | None = None
+        self.k = self.best_k()
+
+    def prepare(self, target, drafter: Drafter) -> None:
+        """Calibrate for this target and drafter: the device's verify curve and the draft cost (both
+        timed once per device and cached on disk), whether the drafter can look back, and the rates an
+        earlier session of this process learned for the same pair."""
+        from specpipe.calibrate import draft_cost, verify_cost_curve
+
+        self.ratio = verify_cost_curve(target, self.quick)["ratio"]
+        self.c = draft_cost(drafter, target, self.quick)
+        self.hindsight = drafter.supports_hindsight
         self._key = _pair_key(target, drafter)
         self._carry_in(_LEARNED.get(self._key))
         self.k = self.best_k()
@@ -240,7 +251,7 @@ class AutoBudget:
             self._count(checked, matched)
             self._carry_out()
 
-    def observe(self, drafted: int, accepted: int, draft_s: float | None = None, verify_s: float | None = None, **_) -> None:
+    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
         if verify_s:
             self._observe_verify(drafted + 1, verify_s)
         if drafted == 0:
@@ -259,11 +270,9 @@ class AutoBudget:
         self._carry_out()
 
 
-def _pair_key(target, drafter) -> tuple | None:
+def _pair_key(target, drafter: Drafter) -> tuple:
     """Which learned rates apply: the target and the drafter (with its model, if any) by name."""
-    if target is None or drafter is None:
-        return None
-    engine = getattr(drafter, "engine", None)
+    engine = drafter.engine
     return (target.info.name, target.info.precision, drafter.name, engine.info.name if engine is not None else "")
 
 

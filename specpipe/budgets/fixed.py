@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from specpipe.errors import SpecpipeError
+from specpipe.protocols import BudgetBase
 
 K_MAX = 32
 
 
-class FixedBudget:
+class FixedBudget(BudgetBase):
     name = "fixed"
-    label_params = ("k",)  # what a report needs to tell two runs apart
+    label_params: tuple[str, ...] = ("k",)  # what a report needs to tell two runs apart
 
-    def __init__(self, k: int = 4, **_runtime):
+    def __init__(self, k: int = 8):
         if not 1 <= k <= K_MAX:
             raise SpecpipeError(f"budget.k={k} is out of range: choose 1..{K_MAX} (or draft=none for plain decoding)")
         self.k = k
@@ -19,5 +20,5 @@ class FixedBudget:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, drafted: int, accepted: int, **_timings) -> None:
+    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
         """Fixed budgets ignore outcomes; adaptive ones learn from them."""

@@ -136,7 +136,7 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
             key = o.get_key_element()
             axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
         else:
-            axes.append([o.input_line])
+            axes.append([str(o.input_line)])
     return [list(job) for job in itertools.product(*axes)]
 
 

@@ -11,6 +11,8 @@ qwen2, qwen3, mistral, ...); anything else is refused with a SpecpipeError.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 import msgspec
@@ -30,7 +32,7 @@ def lm_head_weights(model: nn.Module, inner: nn.Module) -> nn.Module:
     return model.lm_head if "lm_head" in model else inner.embed_tokens
 
 
-def llama_parts(model: nn.Module, drafter: str) -> tuple[nn.Module, object]:
+def llama_parts(model: nn.Module, drafter: str) -> tuple[Any, Any]:
     """(inner model with embed_tokens/layers/norm, lm_head callable) of an mlx-lm model.
 
     Raises:
@@ -46,6 +48,7 @@ def llama_parts(model: nn.Module, drafter: str) -> tuple[nn.Module, object]:
             f"draft={drafter} needs an mlx-lm llama-like model (model.embed_tokens, model.layers, model.norm); "
             f"{type(model).__module__.rsplit('.', 1)[-1]} has no {', '.join(missing)}: it works on {WORKS_ON}"
         )
+    assert inner is not None  # `missing` names it otherwise
     head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
     return inner, head
 
@@ -99,13 +102,14 @@ class LayerSkipDrafter(ModelDrafter):
 
     name = "layerskip"
 
-    def __init__(self, target, depth: int | None = None, layers: list[int] | None = None, sampler=None, **_runtime):
+    def __init__(self, target, depth: int | None = 8, layers: list[int] | None = None, sampler=None, p_min: float = 0.0):
         """
         Args:
             target: the target Engine (weights shared, never copied).
             depth: draft with layers [0, depth).
             layers: explicit layer indices (wins over depth), e.g. [0, 1, 2, 3, 27].
             sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            p_min: budget=confidence's floor (see ModelDrafter).
         """
         inner, _ = llama_parts(target.model, "layerskip")
         self.layer_ids = pick_layers(len(inner.layers), depth, layers)
@@ -115,4 +119,4 @@ class LayerSkipDrafter(ModelDrafter):
         # Everything else (cache, propose, sampling) is ModelDrafter's, on this view.
         engine = Engine(model, target.tokenizer, info)
         self.cost_per_token = weight_bytes(*model.layers, inner.norm, lm_head_weights(target.model, inner)) / weight_bytes(target.model)
-        super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler)
+        super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler, p_min=p_min)

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specpipe.engine.engine import same_vocabulary
+from specpipe.engine.engine import Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
+from specpipe.protocols import DrafterBase
 from specpipe.stages.draft import Draft
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     name = "model"
+    engine: Engine  # always a model, never None
+    cache: list  # always its own cache
 
     def __init__(
-        self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, sampler=None, **_runtime
+        self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, sampler=None,
+        p_min: float = 0.0,
     ):
         """
         Args:
@@ -29,9 +33,10 @@ class ModelDrafter:
             path: GGUF file or model folder of the draft model.
             quant: draft weight precision; None = same as the target's config.
             sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            p_min: budget=confidence's floor: stop drafting below this top probability (0: never).
         """
         self.sampler = sampler
-        self.p_min = 0.0  # budget=confidence: stop drafting below this top probability
+        self.p_min = p_min
         if not path and (model.endswith(".gguf") or "/" in model):
             path = model  # draft.model=/path/to/file.gguf (or folder) works like draft.path
         if model == "self" and not path:

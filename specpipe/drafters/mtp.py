@@ -26,20 +26,23 @@ from specpipe.drafters.hidden_tape import attach
 from specpipe.calibrate import weight_bytes
 from specpipe.drafters.layerskip import lm_head_weights, llama_parts
 from specpipe.drafters.mtp_head import load_head
+from specpipe.protocols import DrafterBase
 from specpipe.stages.draft import Draft
 
 
-class MtpDrafter:
+class MtpDrafter(DrafterBase):
     name = "mtp"
-    engine = None  # the head is not an Engine; it runs on the target's arrays
-    cache = None  # managed here (see module docstring), not by the rollback stage
+    # engine and cache stay None: the head is not an Engine (it runs on the target's arrays) and
+    # its cache is managed here (see module docstring), not by the rollback stage
+    supports_hindsight = True
 
-    def __init__(self, target, head: str | None = None, sampler=None, **_runtime):
+    def __init__(self, target, head: str | None = None, sampler=None, p_min: float = 0.0):
         """
         Args:
             target: the target Engine; its embedding and LM head are shared.
             head: draft.head path (see mtp_head.load_head); None: the model's own.
             sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            p_min: budget=confidence's floor: stop chaining below this top probability (0: never).
         """
         self.target, self.sampler = target, sampler
         self.inner, self.lm_head = llama_parts(target.model, "mtp")
@@ -51,7 +54,7 @@ class MtpDrafter:
         self.cached_len = 0
         self.forwards = 0  # head forwards
         self.target_recomputes = 0  # times the tape did not cover the context (should stay 0)
-        self.p_min = 0.0  # budget=confidence: stop chaining below this top probability
+        self.p_min = p_min
         self._head_cache = KVCache()
         self._seen: list[int] = []  # context tokens behind the pairs in the head cache
         self._pairs = 0  # pairs (h[i-1], t[i]) for i = 1.._pairs, with the target's h

@@ -11,17 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from specpipe.errors import SpecpipeError
+from specpipe.protocols import DrafterBase
 from specpipe.stages.draft import Draft
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     name = "ngram"
-    engine = None
-    cache = None
-    cached_len = 0
-    forwards = 0
+    supports_hindsight = True
 
-    def __init__(self, min_n: int = 1, max_n: int = 4, window: int = 4096, **_runtime):
+    def __init__(self, min_n: int = 1, max_n: int = 4, window: int = 4096):
         if not 1 <= min_n <= max_n:
             raise SpecpipeError(f"draft.min_n={min_n}, draft.max_n={max_n}: need 1 <= min_n <= max_n")
         self.min_n, self.max_n, self.window = min_n, max_n, window

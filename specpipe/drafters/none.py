@@ -3,18 +3,12 @@ through the same engine: the baseline of every comparison."""
 
 from __future__ import annotations
 
+from specpipe.protocols import DrafterBase
 from specpipe.stages.draft import Draft
 
 
-class NoneDrafter:
+class NoneDrafter(DrafterBase):
     name = "none"
-    engine = None
-    cache = None
-    cached_len = 0
-    forwards = 0
-
-    def __init__(self, **_runtime):
-        pass
 
     def prefill(self, prompt_ids: list[int]) -> None:
         pass

@@ -161,13 +161,13 @@ def _choose(prefer: str) -> BlasInfo:
             return got
         return BlasInfo("reference", None, f"BLAS {got}; using MLX's reference BLAS (slow)")
     if prefer in ("auto", "openblas"):
-        got = _first(_openblas_candidates(), "openblas")
-        if got:
-            return got
+        found = _first(_openblas_candidates(), "openblas")
+        if found:
+            return found
     if prefer in ("auto", "mkl"):
-        got = _first(_mkl_candidates(), "mkl")
-        if got:
-            return got
+        found = _first(_mkl_candidates(), "mkl")
+        if found:
+            return found
     what = "optimised BLAS" if prefer == "auto" else prefer
     return BlasInfo("reference", None, f"no {what} found, MLX uses its reference BLAS (slow); {_HOW_TO_GET}")
 

@@ -32,6 +32,7 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -69,7 +70,7 @@ class Checkpoint:
     config: dict
     weights: dict[str, mx.array]
     quantization: dict[str, dict]
-    tokenizer: "transformers.PreTrainedTokenizerFast"  # noqa: F821 (lazy import)
+    tokenizer: Any  # transformers.PreTrainedTokenizerFast (imported lazily)
     eos_token_ids: list[int]
     metadata: dict = field(default_factory=dict)
 
@@ -307,7 +308,7 @@ def _dequantize_all(path: Path, tensors: dict[str, _TensorInfo]) -> dict[str, mx
     return out
 
 
-def _rename_module(gguf_base: str) -> str:
+def _rename_module(gguf_base: str) -> str | None:
     """'blk.3.attn_q' -> 'model.layers.3.self_attn.q_proj'; None when unknown."""
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)", gguf_base)
     if m and m.group(2) in _LAYER_MAP:

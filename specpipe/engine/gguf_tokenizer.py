@@ -134,7 +134,7 @@ def _backend(tokens, types, merges, pre, add_bos, bos_id):
     nfc, split, digits = PRE_TOKENIZERS[pre]
     if nfc:
         tk.normalizer = normalizers.NFC()
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    steps: list = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
     steps += [
         pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -61,7 +62,7 @@ def load_target(cfg) -> Engine:
     from omegaconf import OmegaConf
 
     m = cfg.model
-    tiny = OmegaConf.to_container(m.tiny) if OmegaConf.is_config(m.tiny) else m.tiny
+    tiny = cast(dict, OmegaConf.to_container(m.tiny)) if OmegaConf.is_config(m.tiny) else m.tiny
     return load_engine(m.name, m.path, cfg.quant.precision, m.arch, m.seed, tiny)
 
 

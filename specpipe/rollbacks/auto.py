@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from specpipe.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks import stepwise
 from specpipe.rollbacks.checkpoint import restore
@@ -54,10 +55,10 @@ class Plan:
     reject_rate: float = 1.0
 
 
-class AutoRollback:
+class AutoRollback(RollbackBase):
     name = "auto"
 
-    def __init__(self, max_snapshot_mb: float = 1024.0, **_runtime):
+    def __init__(self, max_snapshot_mb: float = 1024.0):
         stepwise.install()
         self.max_snapshot_bytes = max_snapshot_mb * 2**20
         self.dropped = 0
@@ -98,6 +99,7 @@ class AutoRollback:
         elif all(c is not None and c.positions() == len(fed_ids or ()) for c in captures):
             choice = "checkpoint"
             for leaf, capture in zip(layers.recurrent, captures):
+                assert capture is not None  # the branch's condition
                 restore(leaf, capture, n_drop, fed_ids)
             cache_layers.trim(layers.attention, n_drop)
         elif n_drop <= 0:
@@ -106,7 +108,7 @@ class AutoRollback:
             choice = "recompute"
             if engine is None or fed_ids is None or any(c is None for c in captures):
                 raise RuntimeError("rollback=auto needs before_forward(), engine= and fed_ids= to recompute")
-            replay(cache, layers, [c.before for c in captures], fed_ids, n_drop, engine)
+            replay(cache, layers, [c.before for c in captures if c is not None], fed_ids, n_drop, engine)
             self.recompute_tokens += len(fed_ids) - n_drop
         if layers.recurrent:
             self._learn(cache, n_drop, engine, fed_ids)

@@ -21,14 +21,15 @@ from __future__ import annotations
 import time
 
 from specpipe.errors import SpecpipeError
+from specpipe.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks import stepwise
 
 
-class CheckpointRollback:
+class CheckpointRollback(RollbackBase):
     name = "checkpoint"
 
-    def __init__(self, **_runtime):
+    def __init__(self):
         stepwise.install()
         self.dropped = 0
         self.peak_bytes = 0  # most snapshot memory held at once (target + draft captures)

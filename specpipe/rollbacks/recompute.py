@@ -19,23 +19,25 @@ accepted): nothing to do, the forward's states are already right.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import mlx.core as mx
 
+from specpipe.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 
 SAVED = "_specpipe_saved"  # attribute on a recurrent cache entry: its slots before the forward
 
 
-class RecomputeRollback:
+class RecomputeRollback(RollbackBase):
     name = "recompute"
 
-    def __init__(self, **_runtime):
+    def __init__(self):
         self.dropped = 0
         self.peak_bytes = 0  # most pre-forward state kept alive at once (target + draft)
         self.time_s = 0.0  # time spent restoring, trimming and re-running accepted tokens
         self.recompute_tokens = 0  # tokens fed a second time
-        self._active: dict[int, object] = {}  # id(leaf) -> leaf, between before_forward and rollback
+        self._active: dict[int, Any] = {}  # id(leaf) -> leaf, between before_forward and rollback
 
     def check(self, cache: list, role: str) -> None:
         cache_layers.check(cache, role, self.name)

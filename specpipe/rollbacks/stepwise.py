@@ -168,12 +168,12 @@ def _stepwise(call):
             step = inspect.BoundArguments(signature, {
                 name: v[:, i : i + 1] if _per_position(v, b, t) else v for name, v in bound.arguments.items()
             })
-            prior = list(cache.cache)
+            prior = list(cache.cache)  # type: ignore[union-attr]  # a capture implies a cache
             outs.append(call(*step.args, **step.kwargs))
             capture.record(cache, prior)
         return _join(outs)
 
-    stepwise_call._specpipe_stepwise = True
+    stepwise_call._specpipe_stepwise = True  # type: ignore[attr-defined]
     return stepwise_call
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from specpipe.errors import SpecpipeError
+from specpipe.protocols import RollbackBase
 
 
-class TrimRollback:
+class TrimRollback(RollbackBase):
     name = "trim"
 
-    def __init__(self, **_runtime):
+    def __init__(self):
         self.dropped = 0
 
     def check(self, cache: list, role: str) -> None:
@@ -29,7 +30,7 @@ class TrimRollback:
     def before_forward(self, cache: list) -> None:
         pass  # truncation needs no snapshot
 
-    def rollback(self, cache: list, n_drop: int, **_unused) -> None:
+    def rollback(self, cache: list, n_drop: int, *, engine=None, fed_ids: list[int] | None = None) -> None:
         if n_drop > 0:
             trimmed = trim_prompt_cache(cache, n_drop)
             assert trimmed == n_drop, f"trimmed {trimmed} of {n_drop} positions"

@@ -49,7 +49,7 @@ def _task(cfg) -> None:
     except OSError as exc:
         fail(TOOL, f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
              EXIT_CONFIG)
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), server.server_address[1]
     stopped = {}
 
     def stop(signum, _frame):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import msgspec
 
@@ -117,7 +118,7 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None)
         choice = {"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": None}
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": None}
-    body = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if finished is not None:
         choice["finish_reason"] = _reason(finished.finish_reason)

@@ -4,26 +4,18 @@ from the processed target distribution p, as plain decoding would."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import mlx.core as mx
 
-
-class Bonus(Protocol):
-    def pick(self, row: mx.array) -> int:
-        """`row`: [vocab] logits after the last draft token."""
+from specpipe.protocols import Bonus  # noqa: F401  (the protocol, with the other kinds')
 
 
 class GreedyBonus:
-    def __init__(self, **_runtime):
-        pass
-
     def pick(self, row: mx.array) -> int:
         return int(mx.argmax(row).item())
 
 
 class SampledBonus:
-    def __init__(self, sampler, **_runtime):
+    def __init__(self, sampler):
         self.sampler = sampler
 
     def pick(self, row: mx.array) -> int:

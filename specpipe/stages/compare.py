@@ -15,10 +15,10 @@ A drafter without probabilities (n-gram) is a point mass q = onehot(x).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import mlx.core as mx
 
+from specpipe.protocols import Comparator  # noqa: F401  (the protocol, with the other kinds')
 from specpipe.stages.draft import Draft
 
 
@@ -27,13 +27,6 @@ class Verdict:
     accepted: int  # n: draft[:n] is kept
     recovered_id: int | None  # target token at position n when n < k
     overlap: list[float] = field(default_factory=list)  # Σ min(p, q) per draft position (sampling rules)
-
-
-class Comparator(Protocol):
-    name: str
-
-    def compare(self, draft: Draft, logits: mx.array) -> Verdict:
-        """`logits`: [k + 1, vocab] from the verify stage."""
 
 
 def first_false(flags: list[bool]) -> int:
@@ -49,9 +42,6 @@ class GreedyComparator:
     """
 
     name = "greedy"
-
-    def __init__(self, **_runtime):
-        pass
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
         k = len(draft.token_ids)
@@ -96,7 +86,7 @@ class RejectionComparator:
 
     name = "rejection"
 
-    def __init__(self, sampler, **_runtime):
+    def __init__(self, sampler):
         self.sampler = sampler
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
@@ -120,7 +110,7 @@ class MatchComparator:
 
     name = "match"
 
-    def __init__(self, sampler, **_runtime):
+    def __init__(self, sampler):
         self.sampler = sampler
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:

@@ -4,14 +4,17 @@ Contract: `propose(context_ids, k)` returns a Draft of at most k ids (maybe
 none). A drafter that runs a model keeps its own cache and says how many
 context tokens it holds, so the rollback stage can trim it.
 
-`hindsight(context_ids, m)` (optional) is the drafter's guess for tokens the
-target already emitted: acceptance evidence without a verify forward.
+`hindsight(context_ids, m)` (when `supports_hindsight`) is the drafter's guess for tokens
+the target already emitted: acceptance evidence without a verify forward.
+The Drafter protocol itself is in specpipe/protocols.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+
+from specpipe.protocols import Drafter  # noqa: F401  (the protocol lives with the other kinds')
 
 
 @dataclass
@@ -31,23 +34,3 @@ class Draft:
     probs: Any = None
     catchup_tokens: int = 0
     catchup_forwards: int = 0
-
-
-class Drafter(Protocol):
-    name: str
-    engine: Any  # the Engine it runs, or None (n-gram, none)
-    cache: list | None  # its own cache, trimmed by the rollback stage
-    cached_len: int  # context tokens held in `cache`
-    forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
-
-    def prefill(self, prompt_ids: list[int]) -> None:
-        """See the prompt once before the first step."""
-
-    def propose(self, context_ids: list[int], k: int) -> Draft:
-        """Propose up to k tokens to follow `context_ids`."""
-
-    # Optional, for drafters that can answer it without a target forward (n-gram, MTP head):
-    # def hindsight(self, context_ids: list[int], m: int) -> list[int]:
-    #     """Up to m greedy tokens it would have proposed after context_ids[:-m]. Leaves the
-    #     drafter ready for the next propose(context_ids, k). budget=auto uses it to probe
-    #     acceptance while K = 0 at no verify cost."""

@@ -13,23 +13,7 @@ Worked example: cache holds 10 positions; verify feeds [last, d1, d2, d3]
 
 from __future__ import annotations
 
-from typing import Protocol
+from specpipe.protocols import Rollback
 
 
-class RollbackStrategy(Protocol):
-    name: str
-    dropped: int  # positions removed so far (stats)
-
-    def check(self, cache: list, role: str) -> None:
-        """Raise SpecpipeError if this strategy cannot roll `cache` back."""
-
-    def before_forward(self, cache: list) -> None:
-        """A forward that may be partly rejected is about to run on `cache`."""
-
-    def rollback(self, cache: list, n_drop: int, *, engine=None, fed_ids: list[int] | None = None) -> None:
-        """Drop the newest `n_drop` positions of `cache` (in place).
-
-        Args:
-            engine: the Engine owning `cache` (strategies that recompute).
-            fed_ids: ids fed into `cache` since `before_forward`.
-        """
+RollbackStrategy = Rollback  # the protocol, in specpipe/protocols.py with the other kinds'

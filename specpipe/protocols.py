@@ -1,0 +1,179 @@
+"""One `typing.Protocol` per plug-in kind, and the base classes that give optional hooks their defaults.
+
+Contract: the pipeline and the session reach a plug-in only through the members declared here (no
+`getattr` / `hasattr` probing; read-only members are properties, so a class attribute, an instance
+attribute or a property satisfies them); mypy (tests/test_typecheck.py) checks every plug-in class against its
+protocol in `specpipe/plugins.py`. A plug-in's constructor takes its YAML keys plus the runtime objects
+its kind offers (`plugins.RUNTIME`), nothing else, and has no side effects: work that needs the loaded
+models (budget=auto's calibration) is an explicit step, `Budget.prepare`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # only for annotations: the stage modules import this one
+    import mlx.core as mx
+
+    from specpipe.engine.engine import Engine
+    from specpipe.events import BudgetDecision
+    from specpipe.stages.compare import Verdict
+    from specpipe.stages.draft import Draft
+
+
+# ---------------------------------------------------------------- draft
+
+
+class Drafter(Protocol):
+    """Proposes up to k next tokens for the context (stages/draft.py)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def engine(self) -> Engine | None: ...  # the Engine it runs, or None (n-gram, none, an MTP head)
+    @property
+    def cache(self) -> list[Any] | None: ...  # its own cache, trimmed by the rollback stage
+    cached_len: int  # context tokens held in `cache`
+    forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
+    # a drafted token's cost relative to a target forward when the drafter knows it (a part of the
+    # target: MTP head, layer subset); None: budget=auto times `engine` against the target
+    @property
+    def cost_per_token(self) -> float | None: ...
+    @property
+    def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """See the prompt once before the first step."""
+
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        """Propose up to k tokens to follow `context_ids`."""
+
+    def hindsight(self, context_ids: list[int], m: int) -> list[int]:
+        """Up to m greedy tokens it would have proposed after context_ids[:-m] (asked only when
+        `supports_hindsight`). Leaves the drafter ready for the next propose(context_ids, k)."""
+
+    def rollback_to(self, kept_len: int) -> None:
+        """Keep the first `kept_len` positions of the drafter's own cache, drop the rest."""
+
+
+class DrafterBase:
+    """Defaults for a drafter without a model, a cache or a look back (none, n-gram)."""
+
+    name: str
+    engine: Engine | None = None
+    cache: list[Any] | None = None
+    cached_len: int = 0
+    forwards: int = 0
+    cost_per_token: float | None = None
+    supports_hindsight: bool = False
+
+    def hindsight(self, context_ids: list[int], m: int) -> list[int]:
+        return []  # never asked while supports_hindsight is False
+
+    def rollback_to(self, kept_len: int) -> None:
+        if self.cache is not None:  # a drafter that keeps a cache must say how it trims it
+            raise NotImplementedError(f"{type(self).__name__} keeps a cache but defines no rollback_to")
+        self.cached_len = min(self.cached_len, kept_len)
+
+
+# ---------------------------------------------------------------- budget
+
+
+class Budget(Protocol):
+    """How many tokens to draft per step (budgets/)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def label_params(self) -> tuple[str, ...]: ...  # attributes a report shows to tell two runs apart: fixed(k=8)
+    @property
+    def decision(self) -> BudgetDecision | None: ...  # why the last next_k chose its K (auto), carried by the Drafted event
+    @property
+    def hindsight_k(self) -> int: ...  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
+    @property
+    def p_min(self) -> float: ...  # > 0: the drafter stops below this top probability (confidence), given to its constructor
+
+    def prepare(self, target: Engine, drafter: Drafter) -> None:
+        """Once, after the models load: measure what the budget needs from them (auto calibrates)."""
+
+    def next_k(self) -> int:
+        """K for this step (0: plain decoding)."""
+
+    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
+        """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds."""
+
+    def observe_hindsight(self, checked: int, matched: int) -> None:
+        """The drafter guessed `checked` already emitted tokens, the first `matched` right."""
+
+
+class BudgetBase:
+    """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor."""
+
+    name: str
+    label_params: tuple[str, ...] = ()
+    decision: BudgetDecision | None = None
+    hindsight_k: int = 0
+    p_min: float = 0.0
+
+    def prepare(self, target: Engine, drafter: Drafter) -> None:
+        pass  # nothing to measure
+
+    def observe_hindsight(self, checked: int, matched: int) -> None:
+        pass  # never asked while hindsight_k is 0
+
+
+# ---------------------------------------------------------------- compare, rollback, bonus
+
+
+class Comparator(Protocol):
+    """How much of the draft the target accepts (stages/compare.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def compare(self, draft: Draft, logits: mx.array) -> Verdict:
+        """`logits`: [k + 1, vocab] from the verify stage."""
+
+
+class Rollback(Protocol):
+    """Brings a cache back to the accepted length (stages/rollback.py, rollbacks/)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dropped(self) -> int: ...  # positions removed so far
+    @property
+    def peak_bytes(self) -> int: ...  # most snapshot memory held at once
+    @property
+    def time_s(self) -> float: ...  # time spent rolling back
+    @property
+    def recompute_tokens(self) -> int: ...  # tokens fed a second time
+    @property
+    def last_choice(self) -> str: ...  # what the last rollback used when the strategy chooses per step (auto); "" otherwise
+
+    def check(self, cache: list[Any], role: str) -> None:
+        """Raise SpecpipeError if this strategy cannot roll `cache` back."""
+
+    def before_forward(self, cache: list[Any]) -> None:
+        """A forward that may be partly rejected is about to run on `cache`."""
+
+    def rollback(self, cache: list[Any], n_drop: int, *, engine: Engine | None = None, fed_ids: list[int] | None = None) -> None:
+        """Drop the newest `n_drop` positions of `cache` (in place); `fed_ids`: ids fed since before_forward."""
+
+
+class RollbackBase:
+    """Statistics a strategy that keeps nothing and re-runs nothing reports (trim)."""
+
+    name: str
+    dropped: int = 0
+    peak_bytes: int = 0
+    time_s: float = 0.0
+    recompute_tokens: int = 0
+    last_choice: str = ""
+
+
+class Bonus(Protocol):
+    """The token after a fully accepted draft (stages/bonus.py)."""
+
+    def pick(self, row: mx.array) -> int:
+        """`row`: [vocab] logits after the last draft token."""
