@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.plugins import build_plugin, check_plugins
-from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.preflight import check_text
+from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.sampling import Sampler
 from specpipe.stages.bonus import GreedyBonus, SampledBonus
 from specpipe.stages.compare import GreedyComparator
