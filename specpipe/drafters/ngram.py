@@ -20,6 +20,13 @@ class NgramDrafter:
     cache = None
     cached_len = 0
     forwards = 0
+    needs_hidden = False
+
+    def use_rollback(self, strategy) -> None:
+        pass  # no cache to roll back
+
+    def rollback(self, kept_len: int) -> int:
+        return 0
 
     def __init__(self, min_n: int = 1, max_n: int = 4, window: int = 4096, **_runtime):
         if not 1 <= min_n <= max_n:

@@ -12,6 +12,13 @@ class NoneDrafter:
     cache = None
     cached_len = 0
     forwards = 0
+    needs_hidden = False
+
+    def use_rollback(self, strategy) -> None:
+        pass  # no cache to roll back
+
+    def rollback(self, kept_len: int) -> int:
+        return 0
 
     def __init__(self, **_runtime):
         pass

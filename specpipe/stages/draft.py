@@ -1,8 +1,11 @@
 """Draft stage: a drafter proposes up to k next tokens for the context.
 
 Contract: `propose(context_ids, k)` returns a Draft of at most k ids (maybe
-none). A drafter that runs a model keeps its own cache and says how many
-context tokens it holds, so the rollback stage can trim it.
+none). A drafter that runs a model keeps its own cache and rolls it back
+itself: the pipeline binds the run's rollback strategy once
+(`use_rollback`) and after each verify calls `rollback(kept_len)` with the
+context length the target accepted. A drafter that `needs_hidden` gets the
+target's hidden states of every prefill and verify (`observe_hidden`).
 
 `hindsight(context_ids, m)` (optional) is the drafter's guess for tokens the
 target already emitted: acceptance evidence without a verify forward.
@@ -36,15 +39,26 @@ class Draft:
 class Drafter(Protocol):
     name: str
     engine: Any  # the Engine it runs, or None (n-gram, none)
-    cache: list | None  # its own cache, trimmed by the rollback stage
+    cache: list | None  # its own cache, rolled back by `rollback`
     cached_len: int  # context tokens held in `cache`
     forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
+    needs_hidden: bool  # True: the pipeline calls observe_hidden with the target's hidden states
+
+    def use_rollback(self, strategy) -> None:
+        """Roll its own cache back with `strategy` (SpecpipeError now if it cannot)."""
+
+    def rollback(self, kept_len: int) -> int:
+        """Keep the first `kept_len` context tokens; returns the positions dropped."""
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         """Propose up to k tokens to follow `context_ids`."""
+
+    # Only where needs_hidden:
+    # def observe_hidden(self, start: int, token_ids: list[int], hidden) -> None:
+    #     """The target's [n, hidden] states of `token_ids`, fed at its cache positions start.."""
 
     # Optional, for drafters that can answer it without a target forward (n-gram, MTP head):
     # def hindsight(self, context_ids: list[int], m: int) -> list[int]:
