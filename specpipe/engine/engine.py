@@ -139,8 +139,20 @@ class Engine:
         return mx.concatenate(hidden) if len(hidden) != 1 else hidden[0]
 
     def _inner_and_head(self):
+        """(inner model, LM head), checked once: head(inner(x)) must be the model's own logits."""
         if self._parts is None:
-            self._parts = introspect.llama_parts(self.model, "mtp")
+            inner, head = introspect.llama_parts(self.model, "mtp")
+            # A model whose forward does more than this (logit soft-capping, a logit scale) would
+            # verify with other logits than draft=none: refuse it rather than lose exactness.
+            probe = mx.array([[0, 1]], dtype=mx.uint32)
+            if not mx.allclose(head(inner(probe)), self.model(probe), rtol=1e-5, atol=1e-5).item():
+                from specpipe.errors import SpecpipeError
+
+                raise SpecpipeError(
+                    f"{self.info.name}: its forward does more than the LM head over the inner model's output, so "
+                    "its hidden states cannot be captured exactly; use a drafter without an MTP head (draft=model, ngram)"
+                )
+            self._parts = inner, head
         return self._parts
 
     def _mixer_sites(self) -> list:
