@@ -28,7 +28,7 @@ from specpipe.drafters.chain import chain, to_draft
 from specpipe.drafters.hidden_tape import HiddenTape
 from specpipe.drafters.mtp_head import load_head
 from specpipe.engine.engine import HIDDEN
-from specpipe.engine.introspect import lm_head_weights, llama_parts
+from specpipe.engine.introspect import lm_head_weights
 from specpipe.stages.draft import Draft
 
 
@@ -46,7 +46,7 @@ class MtpDrafter:
             sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
         """
         self.target, self.sampler = target, sampler
-        self.inner, self.lm_head = llama_parts(target.model, "mtp")
+        self.inner, self.lm_head = target.hidden_parts()  # refuses a model whose hidden states it cannot capture exactly
         self.head, self.source = load_head(target, self.inner, head)
         self.tape = HiddenTape()
         # budget=auto's prior for c: a chained step reads the head and the whole LM head (a 49k-row

@@ -108,7 +108,7 @@ class Engine:
         states = capture.states if capture.states else None
         with stepwise(self._mixer_sites(), states) if states is not None else contextlib.nullcontext():
             if capture.hidden:
-                inner, head = self._inner_and_head()
+                inner, head = self.hidden_parts()
                 hidden = inner(ids, cache=cache)
                 logits = head(hidden)
             else:
@@ -128,7 +128,7 @@ class Engine:
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = mx.array(token_ids[start : start + PREFILL_CHUNK], dtype=mx.uint32)
             if capture is not None and capture.hidden:
-                inner, _ = self._inner_and_head()
+                inner, _ = self.hidden_parts()
                 hidden.append(inner(chunk[None], cache=cache)[0])  # no LM head: the prefill's logits are unused
                 mx.eval([c.state for c in cache], hidden[-1])
             else:
@@ -138,8 +138,13 @@ class Engine:
             return None
         return mx.concatenate(hidden) if len(hidden) != 1 else hidden[0]
 
-    def _inner_and_head(self):
-        """(inner model, LM head), checked once: head(inner(x)) must be the model's own logits."""
+    def hidden_parts(self):
+        """(inner model, LM head): what a hidden-state capture calls, checked once.
+
+        Raises:
+            SpecpipeError when head(inner(x)) is not the model's own logits,
+            or the model is not llama-like (introspect.llama_parts).
+        """
         if self._parts is None:
             inner, head = introspect.llama_parts(self.model, "mtp")
             # A model whose forward does more than this (logit soft-capping, a logit scale) would
