@@ -80,9 +80,10 @@ class SpeculativePipeline:
             # ---- prefill: both caches see the prompt, except its last token
             cache = self.cache = self.target.make_cache()
             self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
-            hidden = self.target.prefill(context[:-1], cache, capture=Capture(hidden=True) if self.drafter.needs_hidden else None)
+            wants_hidden = self.drafter.needs_hidden  # an MTP head reads the target's hidden states
+            hidden = self.target.prefill(context[:-1], cache, capture=Capture(hidden=True) if wants_hidden else None)
             self.drafter.prefill(context)
-            if self.drafter.needs_hidden:
+            if wants_hidden:
                 self.drafter.observe_hidden(0, context[:-1], hidden)
             yield emit(PrefillDone(t=clock(), tokens=len(context), seconds=clock()))
             last_id, step, reason = context[-1], 0, "max_tokens"
@@ -122,11 +123,10 @@ class SpeculativePipeline:
                 s = time.perf_counter()
                 states = self.rollback.before_forward(cache)
                 # nothing asked for, no capture: the plain forward (draft=none, trim)
-                hidden = self.drafter.needs_hidden
-                capture = Capture(hidden=hidden, states=states) if states is not None or hidden else None
+                capture = Capture(hidden=wants_hidden, states=states) if states is not None or wants_hidden else None
                 result = verify(self.target, cache, last_id, draft.token_ids, capture)
                 logits = result.logits
-                if self.drafter.needs_hidden:
+                if wants_hidden:
                     self.drafter.observe_hidden(len(context) - 1, [last_id, *draft.token_ids], result.hidden)
                 verdict = self.comparator.compare(draft, logits)
                 n = verdict.accepted
