@@ -34,6 +34,7 @@ from specpipe.engine.loader import load_engine
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.recompute import RecomputeRollback
+from specpipe.engine.engine import Capture
 from specpipe.stages.verify import verify
 
 # ~100M parameters, most of them in the layers (vocab is the tiny 259-token one).
@@ -69,8 +70,8 @@ def reset(cache: list, saved) -> None:
 def one_round(engine, cache, strategy, k: int, n: int, draft_ids: list[int]) -> tuple[float, float]:
     """(wall, CPU) seconds for before_forward + verify + rollback keeping n of k drafts."""
     w0, c0 = time.perf_counter(), time.process_time()
-    strategy.before_forward(cache)
-    verify(engine, cache, draft_ids[0], draft_ids[1 : k + 1])
+    states = strategy.before_forward(cache)
+    verify(engine, cache, draft_ids[0], draft_ids[1 : k + 1], Capture(states=states) if states is not None else None)
     strategy.rollback(cache, k - n, engine=engine, fed_ids=draft_ids[: k + 1])
     mx.eval([leaf.cache for leaf in cache_layers.split(cache).recurrent])
     return time.perf_counter() - w0, time.process_time() - c0

@@ -120,6 +120,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     anchor_ks = sorted(set(cfg.anchor_ks or [k])) if anchor_draft is not None else []
 
     def anchor_runs(ids: list[int], max_tokens: int) -> dict:
+        # The target's own model object: no patch reaches it (the engine's mixer wrappers exist only during
+        # its capturing forwards; measure_mlx_lm checks), so this is mlx-lm as its users run it, at the memory
+        # of one load rather than two.
         model, tok = spec.target.model, spec.target.tokenizer
         plain = measure_mlx_lm(model, tok, ids, max_tokens, sampling=snapshot["sampling"])
         sweep = {

@@ -3,7 +3,9 @@
 Contract: `measure_specpipe` drives a Session and keeps its RunStats plus the
 per-position acceptance counts and per-token gaps; `measure_mlx_lm` runs
 mlx-lm's own `stream_generate` on the same model objects and prompt ids
-(greedy), timed the same way: decode tok/s = generated tokens / time from
+(greedy), timed the same way (the objects are exactly as mlx-lm built them:
+the engine wraps mixers only for the length of its own capturing forwards,
+and `measure_mlx_lm` checks that no wrapper is left before timing): decode tok/s = generated tokens / time from
 the end of the prefill to the last token, for both systems. Both raise KeyboardInterrupt when Ctrl-C cut
 the run short, so a half-measured prompt is never recorded.
 """
@@ -70,6 +72,12 @@ def measure_mlx_lm(
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
+    from specpipe.engine.introspect import foreign_modules
+
+    for m in (model, draft_model):
+        left = foreign_modules(m) if m is not None else []
+        if left:  # would time our code under mlx-lm's name
+            raise RuntimeError(f"the mlx-lm anchor would run on a model holding specpipe modules at {', '.join(left)}")
     s = sampling or {}
     sampler = make_sampler(temp=s.get("temperature", 0.0), top_p=s.get("top_p", 1.0), min_p=s.get("min_p", 0.0), top_k=s.get("top_k", 0))
     kwargs = {"sampler": sampler}

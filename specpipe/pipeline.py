@@ -19,6 +19,7 @@ from typing import Generator
 import mlx.core as mx
 import msgspec
 
+from specpipe.engine.engine import Capture
 from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
@@ -38,8 +39,7 @@ class SpeculativePipeline:
         self.cache: list | None = None  # the last run's target cache and context (multi-turn reuse, tests)
         self.context: list[int] = []
         self.rollback.check(target.make_cache(), "target")
-        if drafter.cache is not None:
-            self.rollback.check(drafter.cache, "draft")
+        drafter.use_rollback(rollback)  # the drafter rolls its own cache back with the same strategy
 
     def run(
         self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None, control: RunControl | None = None
@@ -84,8 +84,12 @@ class SpeculativePipeline:
         try:
             # ---- prefill: both caches see the prompt, except its last token
             cache = self.cache = self.target.make_cache()
-            self.target.prefill(context[:-1], cache)
+            self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
+            wants_hidden = self.drafter.needs_hidden  # an MTP head reads the target's hidden states
+            hidden = self.target.prefill(context[:-1], cache, capture=Capture(hidden=True) if wants_hidden else None)
             self.drafter.prefill(context)
+            if wants_hidden:
+                self.drafter.observe_hidden(0, context[:-1], hidden)
             yield emit(PrefillDone(t=clock(), tokens=len(context), seconds=clock()))
             last_id, step, reason = context[-1], 0, "max_tokens"
 
@@ -103,9 +107,6 @@ class SpeculativePipeline:
                     decision = self.budget.decision
                 k = min(k, max_tokens - len(output) - 1)
                 s = time.perf_counter()
-                draft_start = self.drafter.cached_len
-                if self.drafter.cache is not None:
-                    self.rollback.before_forward(self.drafter.cache)
                 f0 = self.drafter.forwards
                 draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
                 f1 = self.drafter.forwards
@@ -127,8 +128,13 @@ class SpeculativePipeline:
 
                 # ---- verify + compare + bonus
                 s = time.perf_counter()
-                self.rollback.before_forward(cache)
-                logits = verify(self.target, cache, last_id, draft.token_ids)
+                states = self.rollback.before_forward(cache)
+                # nothing asked for, no capture: the plain forward (draft=none, trim)
+                capture = Capture(hidden=wants_hidden, states=states) if states is not None or wants_hidden else None
+                result = verify(self.target, cache, last_id, draft.token_ids, capture)
+                logits = result.logits
+                if wants_hidden:
+                    self.drafter.observe_hidden(len(context) - 1, [last_id, *draft.token_ids], result.hidden)
                 verdict = self.comparator.compare(draft, logits)
                 n = verdict.accepted
                 bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
@@ -147,13 +153,8 @@ class SpeculativePipeline:
                 # ---- rollback: keep context + accepted drafts in both caches
                 s = time.perf_counter()
                 target_drop = k_eff - n
-                draft_drop = max(0, self.drafter.cached_len - (len(context) + n))
                 self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
-                if self.drafter.cache is not None:
-                    # only the short tail since draft_start: no copy of the whole context
-                    fed = (context[draft_start:] + draft.token_ids)[: self.drafter.cached_len - draft_start]
-                    self.rollback.rollback(self.drafter.cache, draft_drop, engine=self.drafter.engine, fed_ids=fed)
-                    self.drafter.cached_len -= draft_drop
+                draft_drop = self.drafter.rollback(len(context) + n)
                 self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
                 yield emit(RolledBack(
                     t=clock(), step=step, strategy=self.rollback.last_choice or self.rollback.name,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     import mlx.core as mx
 
     from specpipe.engine.engine import Engine
+    from specpipe.engine.recurrent import StateCapture
     from specpipe.events import BudgetDecision
     from specpipe.stages.compare import Verdict
     from specpipe.stages.draft import Draft
@@ -32,7 +33,7 @@ class Drafter(Protocol):
     @property
     def engine(self) -> Engine | None: ...  # the Engine it runs, or None (n-gram, none, an MTP head)
     @property
-    def cache(self) -> list[Any] | None: ...  # its own cache, trimmed by the rollback stage
+    def cache(self) -> list[Any] | None: ...  # its own cache, rolled back by `rollback`
     cached_len: int  # context tokens held in `cache`
     forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
     # a drafted token's cost relative to a target forward when the drafter knows it (a part of the
@@ -41,6 +42,11 @@ class Drafter(Protocol):
     def cost_per_token(self) -> float | None: ...
     @property
     def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
+    @property
+    def needs_hidden(self) -> bool: ...  # True: the pipeline calls observe_hidden with the target's hidden states
+
+    def use_rollback(self, strategy: Rollback) -> None:
+        """Roll its own cache back with `strategy` (SpecpipeError now if it cannot)."""
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
@@ -52,8 +58,11 @@ class Drafter(Protocol):
         """Up to m greedy tokens it would have proposed after context_ids[:-m] (asked only when
         `supports_hindsight`). Leaves the drafter ready for the next propose(context_ids, k)."""
 
-    def rollback_to(self, kept_len: int) -> None:
-        """Keep the first `kept_len` positions of the drafter's own cache, drop the rest."""
+    def rollback(self, kept_len: int) -> int:
+        """Keep the first `kept_len` context tokens in its own cache; returns the positions dropped."""
+
+    def observe_hidden(self, start: int, token_ids: list[int], hidden: mx.array) -> None:
+        """The target's [n, hidden] states of `token_ids`, fed at its cache positions start.. (when `needs_hidden`)."""
 
 
 class DrafterBase:
@@ -66,14 +75,21 @@ class DrafterBase:
     forwards: int = 0
     cost_per_token: float | None = None
     supports_hindsight: bool = False
+    needs_hidden: bool = False
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         return []  # never asked while supports_hindsight is False
 
-    def rollback_to(self, kept_len: int) -> None:
-        if self.cache is not None:  # a drafter that keeps a cache must say how it trims it
-            raise NotImplementedError(f"{type(self).__name__} keeps a cache but defines no rollback_to")
-        self.cached_len = min(self.cached_len, kept_len)
+    def use_rollback(self, strategy: Rollback) -> None:
+        pass  # no cache to roll back
+
+    def rollback(self, kept_len: int) -> int:
+        if self.cache is not None:  # a drafter that keeps a cache must say how it rolls it back
+            raise NotImplementedError(f"{type(self).__name__} keeps a cache but defines no rollback")
+        return 0
+
+    def observe_hidden(self, start: int, token_ids: list[int], hidden: mx.array) -> None:
+        pass  # never called while needs_hidden is False
 
 
 # ---------------------------------------------------------------- budget
@@ -154,8 +170,10 @@ class Rollback(Protocol):
     def check(self, cache: list[Any], role: str) -> None:
         """Raise SpecpipeError if this strategy cannot roll `cache` back."""
 
-    def before_forward(self, cache: list[Any]) -> None:
-        """A forward that may be partly rejected is about to run on `cache`."""
+    def before_forward(self, cache: list[Any]) -> StateCapture | None:
+        """A forward that may be partly rejected is about to run on `cache`. Returns the StateCapture to pass
+        to the forward(s) on `cache` until `rollback` (`Engine.forward(..., capture=Capture(states=...))`),
+        or None when this strategy needs nothing recorded."""
 
     def rollback(self, cache: list[Any], n_drop: int, *, engine: Engine | None = None, fed_ids: list[int] | None = None) -> None:
         """Drop the newest `n_drop` positions of `cache` (in place); `fed_ids`: ids fed since before_forward."""

@@ -33,7 +33,7 @@ import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
-from specpipe.drafters.layerskip import llama_parts  # noqa: E402
+from specpipe.engine.introspect import llama_parts  # noqa: E402
 from specpipe.drafters.mtp_head import default_head_dir, new_head, save_head  # noqa: E402
 from specpipe import signals  # noqa: E402
 from specpipe.cli.shell import Stopped, hydra_main  # noqa: E402

@@ -95,6 +95,6 @@ def first_difference(target: Engine, prompt_ids: list[int], expected: list[int],
     """Where two greedy outputs part, and the target's top-2 logit margin there."""
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
     cache = target.make_cache()
-    logits = target.forward(mx.array(prompt_ids + expected[:i], dtype=mx.uint32), cache)[-1]
+    logits = target.forward(mx.array(prompt_ids + expected[:i], dtype=mx.uint32), cache).logits[-1]
     top = mx.sort(logits)[-2:].tolist()
     return f"first difference at position {i}: expected {expected[i:i+3]}, got {got[i:i+3]}; top-2 margin {top[1] - top[0]:.3g}"

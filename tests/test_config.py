@@ -57,7 +57,7 @@ def greedy_continuation(target, context: list[int], n: int) -> list[int]:
 
     ids = list(context)
     for _ in range(n):
-        ids.append(int(mx.argmax(target.forward(mx.array(ids), target.make_cache())[-1]).item()))
+        ids.append(int(mx.argmax(target.forward(mx.array(ids), target.make_cache()).logits[-1]).item()))
     return ids[len(context):]
 
 

@@ -17,8 +17,9 @@ from specpipe.budgets.fixed import FixedBudget
 from specpipe.errors import SpecpipeError
 from specpipe.events import RunFinished
 from specpipe.pipeline import SpeculativePipeline
+from specpipe.engine import introspect
+from specpipe.engine.engine import Capture, Engine
 from specpipe.rollbacks import layers as cache_layers
-from specpipe.rollbacks import stepwise
 from specpipe.rollbacks.auto import AutoRollback
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.recompute import RecomputeRollback
@@ -33,7 +34,7 @@ STRATEGIES = {"checkpoint": CheckpointRollback, "recompute": RecomputeRollback, 
 # layers hold three slots written by two mixers (RWKV7: time + channel mixing).
 MATRIX_ARCHS = ["qwen3_next", "nemotron_h", "rwkv7"]
 # Every family with a stepwise hook: smoke-tested end to end, round-tripped exactly.
-ALL_ARCHS = list(stepwise.MIXERS)
+ALL_ARCHS = list(introspect.MIXERS)
 PROMPT = "the cat sat on the mat, the cat sat on the"
 # Noise on the draft copy: 0.03 gives acceptance of about 0.3-0.8 on these models,
 # so rollbacks keep every length from 1 to K+1.
@@ -119,14 +120,14 @@ def test_state_after_rollback_equals_decoding_the_prefix(arch, strategy, n_drop)
     rollback = STRATEGIES[strategy]()
     cache = engine.make_cache()
     engine.prefill(prompt, cache)
-    rollback.before_forward(cache)
-    mx.eval(engine.forward(fed, cache))
+    states = rollback.before_forward(cache)  # what the strategy needs recorded during the forward
+    mx.eval(engine.forward(fed, cache, capture=Capture(states=states)).logits)
     rollback.rollback(cache, n_drop, engine=engine, fed_ids=fed)
 
     reference = engine.make_cache()
     engine.prefill(prompt, reference)
     for token in fed[: len(fed) - n_drop]:
-        mx.eval(engine.forward([token], reference))
+        mx.eval(engine.forward([token], reference).logits)
 
     got, want = recurrent_states(cache), recurrent_states(reference)
     assert len(got) == len(want) > 0
@@ -136,7 +137,7 @@ def test_state_after_rollback_equals_decoding_the_prefix(arch, strategy, n_drop)
     for a, b in zip(cache_layers.split(cache).attention, cache_layers.split(reference).attention):
         assert a.offset == b.offset
     # ... and the next forward continues identically (logits allclose, same token)
-    la, lb = engine.forward([42], cache), engine.forward([42], reference)
+    la, lb = engine.forward([42], cache).logits, engine.forward([42], reference).logits
     assert mx.allclose(la, lb, rtol=1e-4, atol=1e-4).item()
     assert mx.argmax(la[-1]).item() == mx.argmax(lb[-1]).item()
 
@@ -178,8 +179,8 @@ def test_auto_rule():
     assert choose(4, 0.31, 0.9) == "recompute"
     assert choose(1, 0.01, 0.0) == "recompute"  # nothing is ever rejected: recompute costs nothing
     target, _, _, _ = setup_for("qwen3_next")
-    assert 0 < stepwise.mixer_fraction(target.model) < 1
-    assert stepwise.mixer_fraction(tiny("llama").model) == 0
+    assert 0 < introspect.mixer_fraction(target.model) < 1
+    assert introspect.mixer_fraction(tiny("llama").model) == 0
 
 
 def test_auto_recomputes_when_snapshots_pass_the_cap():
@@ -192,13 +193,11 @@ def test_auto_recomputes_when_snapshots_pass_the_cap():
 
 
 def test_mixer_without_stepwise_hook_is_refused_by_checkpoint_and_recomputed_by_auto(monkeypatch):
-    import mlx_lm.models.qwen3_next as qwen3_next
-
-    cls = qwen3_next.Qwen3NextGatedDeltaNet
-    # As an unregistered family would be: unpatched, and not in the registry.
-    monkeypatch.setattr(cls, "__call__", getattr(cls.__call__, "__wrapped__", cls.__call__))
-    monkeypatch.setattr(stepwise, "MIXERS", {m: c for m, c in stepwise.MIXERS.items() if m != "qwen3_next"})
+    # As an unregistered family would be: not in the registry. Engines find their mixers once, so
+    # fresh Engines over the same models look again.
+    monkeypatch.setattr(introspect, "MIXERS", {m: c for m, c in introspect.MIXERS.items() if m != "qwen3_next"})
     target, draft, prompt, baseline = setup_for("qwen3_next")
+    target, draft = (Engine(e.model, e.tokenizer, e.info) for e in (target, draft))
     with pytest.raises(SpecpipeError, match="rollback=recompute"):
         generate(target, make_drafter("model", target, draft), 4, CheckpointRollback(), prompt)
     auto = AutoRollback()

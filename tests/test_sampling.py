@@ -91,10 +91,10 @@ def small_vocab_models():
 
 def exact_joint(target, sampler, prompt):
     """P(t1, t2) of plain sampling, computed from the target's logits."""
-    p1 = np.array(sampler.probs(target.forward(mx.array(prompt), target.make_cache())[-1:]))[0]
+    p1 = np.array(sampler.probs(target.forward(mx.array(prompt), target.make_cache()).logits[-1:]))[0]
     joint = np.zeros((VOCAB, VOCAB))
     for t1 in range(VOCAB):
-        p2 = np.array(sampler.probs(target.forward(mx.array(prompt + [t1]), target.make_cache())[-1:]))[0]
+        p2 = np.array(sampler.probs(target.forward(mx.array(prompt + [t1]), target.make_cache()).logits[-1:]))[0]
         joint[t1] = p1[t1] * p2
     return joint
 

@@ -21,36 +21,9 @@ from mlx_lm.models.base import create_attention_mask
 from specpipe.calibrate import weight_bytes
 from specpipe.drafters.model import ModelDrafter
 from specpipe.engine.engine import Engine
+from specpipe.engine.introspect import LLAMA_LIKE as WORKS_ON
+from specpipe.engine.introspect import lm_head_weights, llama_parts
 from specpipe.errors import SpecpipeError
-
-WORKS_ON = "llama, qwen2, qwen3, mistral and other llama-like mlx-lm models"
-
-
-def lm_head_weights(model: nn.Module, inner: nn.Module) -> nn.Module:
-    """The module whose weights the LM head reads: `lm_head`, or the tied embedding."""
-    model = model.language_model if "language_model" in model else model
-    return model.lm_head if "lm_head" in model else inner.embed_tokens
-
-
-def llama_parts(model: nn.Module, drafter: str) -> tuple[Any, Any]:
-    """(inner model with embed_tokens/layers/norm, lm_head callable) of an mlx-lm model.
-
-    Raises:
-        SpecpipeError naming the missing piece and what works.
-    """
-    inner = model.get("model") if isinstance(model, dict) else None
-    if inner is None and "language_model" in model:  # Qwen3.5-style wrapper
-        inner = model.language_model.get("model")
-        model = model.language_model
-    missing = [a for a in ("embed_tokens", "layers", "norm") if inner is None or a not in inner]
-    if missing:
-        raise SpecpipeError(
-            f"draft={drafter} needs an mlx-lm llama-like model (model.embed_tokens, model.layers, model.norm); "
-            f"{type(model).__module__.rsplit('.', 1)[-1]} has no {', '.join(missing)}: it works on {WORKS_ON}"
-        )
-    assert inner is not None  # `missing` names it otherwise
-    head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
-    return inner, head
 
 
 class LayerSkipModel(nn.Module):

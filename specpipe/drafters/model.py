@@ -2,17 +2,21 @@
 
 `draft.model=self` drafts with the target's own weights (separate cache):
 a self-test whose greedy acceptance must be 1.0. The draft cache holds the
-context plus the first k-1 drafted tokens after `propose`; the rollback
-stage trims what the target rejected.
+context plus the first k-1 drafted tokens after `propose`; `rollback(kept_len)`
+brings it back to the accepted prefix through the run's rollback strategy
+(bound by `use_rollback`), which sees every forward of the step: its
+`before_forward` runs before the first one and what it asks to capture is
+passed to each.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from specpipe.engine.engine import Engine, same_vocabulary
+from specpipe.drafters.chain import chain, to_draft
+from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import DrafterBase
+from specpipe.protocols import DrafterBase, Rollback
 from specpipe.stages.draft import Draft
 
 
@@ -20,6 +24,7 @@ class ModelDrafter(DrafterBase):
     name = "model"
     engine: Engine  # always a model, never None
     cache: list  # always its own cache
+    needs_hidden = False  # drafts from its own forwards, not the target's hidden states
 
     def __init__(
         self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, sampler=None,
@@ -52,45 +57,54 @@ class ModelDrafter(DrafterBase):
         self.cache = self.engine.make_cache()
         self.cached_len = 0
         self.forwards = 0
+        self._rollback: Rollback | None = None  # the run's rollback strategy, for this drafter's own cache
+        self._fed: list[int] | None = None  # ids fed into the cache since the strategy's before_forward
+
+    def use_rollback(self, strategy) -> None:
+        """Roll this drafter's cache back with `strategy` (refused now if it cannot: SpecpipeError)."""
+        strategy.check(self.cache, "draft")
+        self._rollback = strategy
+
+    def rollback(self, kept_len: int) -> int:
+        """Keep the first `kept_len` context tokens in the cache; returns the positions dropped.
+
+        Example: context of 10, k = 3 -> the cache holds 12 (context + 2 drafts);
+        the target accepts 1 -> kept_len 11 -> 1 position dropped.
+        """
+        drop = max(0, self.cached_len - kept_len)
+        if self._fed is not None:  # a step that fed nothing has nothing to undo
+            assert self._rollback is not None, "use_rollback() binds the strategy before the first step"
+            self._rollback.rollback(self.cache, drop, engine=self.engine, fed_ids=self._fed)
+            self._fed = None
+        self.cached_len -= drop
+        return drop
 
     def prefill(self, prompt_ids: list[int]) -> None:
         self.cache = self.engine.make_cache()  # each generation starts clean
         self.engine.prefill(prompt_ids[:-1], self.cache)
         self.cached_len = len(prompt_ids) - 1
+        self._fed = None
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft(token_ids=[])
+        states = self._rollback.before_forward(self.cache) if self._rollback is not None else None
+        capture = Capture(states=states) if states is not None else None
+        start = self.cached_len
         # Feed what the draft cache has not seen yet (at least the last token) in
         # the first drafting forward: a catch-up over accepted tokens costs no
-        # forward of its own. Then chain k - 1 more greedy steps. The graph is built lazily and evaluated
-        # once at the end: no host round trip per drafted token.
-        # With a confidence floor each token is checked on the host before the next.
-        y = mx.array(context_ids[self.cached_len :], dtype=mx.uint32)
-        fed = len(context_ids) - self.cached_len
-        sampled = self.sampler is not None and not self.sampler.greedy
-        tokens, q_rows = [], []
-        for i in range(k):
-            logits = self.engine.forward(y, self.cache)[-1:]
+        # forward of its own. Then chain k - 1 more steps on the drafted tokens.
+        fed = 0
+
+        def next_logits(i: int, y):
+            nonlocal fed
+            ids = mx.array(context_ids[start:], dtype=mx.uint32) if i == 0 else y
+            fed += len(context_ids) - start if i == 0 else 1
             self.forwards += 1
-            fed += i > 0  # this forward fed the previous draft token
-            if sampled:
-                # q is built exactly as the comparator builds p (same processing)
-                q = self.sampler.probs(logits)
-                y = self.sampler.sample(q)
-            else:
-                q = None
-                y = mx.argmax(logits, axis=-1).astype(mx.uint32)
-            if self.p_min > 0:
-                top = mx.max(q if q is not None else mx.softmax(logits, axis=-1)).item()
-                if top < self.p_min:
-                    break  # unsure: stop here rather than spend a verify slot on a likely reject
-            tokens.append(y)
-            if q is not None:
-                q_rows.append(q)
-        catchup = len(context_ids) - self.cached_len - 1  # accepted tokens fed beside the newest one
-        self.cached_len += fed
-        if not tokens:
-            return Draft(token_ids=[], catchup_tokens=catchup)
-        draft_ids = mx.concatenate(tokens).tolist()
-        return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None, catchup_tokens=catchup)
+            return self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
+
+        tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min)
+        draft = to_draft(tokens, q_rows, catchup_tokens=len(context_ids) - start - 1)  # accepted tokens fed beside the newest one
+        self.cached_len = start + fed
+        self._fed = (context_ids[start:] + draft.token_ids)[:fed]  # only the short tail: no copy of the whole context
+        return draft

@@ -2,10 +2,11 @@
 hidden state (Qwen3.5 / Qwen3-Next `mtp.*`, DeepSeek-V3 / GLM nextn, or a
 head made by `specpipe-train-drafter`).
 
-Contract: `propose(context, k)` feeds the head one (h[i-1], token i) pair per
-context position it has not seen, reading h from the HiddenTape that records
-the target's verify forwards and prefill, then chains k-1 more steps on the
-head's own output. The head's KV cache is not a list of target-shaped caches,
+Contract: the pipeline hands it the target's hidden states of every prefill
+and verify forward (`observe_hidden`; it declares `needs_hidden`), which it
+keeps on a HiddenTape. `propose(context, k)` feeds the head one (h[i-1],
+token i) pair per context position it has not seen, reading h from the tape,
+then chains k-1 more steps on the head's own output. The head's KV cache is not a list of target-shaped caches,
 so `cache = None` and the drafter keeps it consistent itself: each propose
 first drops the chained pairs of the last step (their hidden state was the
 head's guess, not the target's) and any pair whose tokens left the context.
@@ -22,11 +23,13 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from specpipe.drafters.hidden_tape import attach
 from specpipe.calibrate import weight_bytes
-from specpipe.drafters.layerskip import lm_head_weights, llama_parts
+from specpipe.drafters.chain import chain, to_draft
+from specpipe.drafters.hidden_tape import HiddenTape
 from specpipe.drafters.mtp_head import load_head
 from specpipe.protocols import DrafterBase
+from specpipe.engine.engine import HIDDEN
+from specpipe.engine.introspect import lm_head_weights
 from specpipe.stages.draft import Draft
 
 
@@ -35,6 +38,7 @@ class MtpDrafter(DrafterBase):
     # engine and cache stay None: the head is not an Engine (it runs on the target's arrays) and
     # its cache is managed here (see module docstring), not by the rollback stage
     supports_hindsight = True
+    needs_hidden = True  # the pipeline passes the target's hidden states to observe_hidden
 
     def __init__(self, target, head: str | None = None, sampler=None, p_min: float = 0.0):
         """
@@ -45,9 +49,9 @@ class MtpDrafter(DrafterBase):
             p_min: budget=confidence's floor: stop chaining below this top probability (0: never).
         """
         self.target, self.sampler = target, sampler
-        self.inner, self.lm_head = llama_parts(target.model, "mtp")
+        self.inner, self.lm_head = target.hidden_parts()  # refuses a model whose hidden states it cannot capture exactly
         self.head, self.source = load_head(target, self.inner, head)
-        self.tape = attach(self.inner)
+        self.tape = HiddenTape()
         # budget=auto's prior for c: a chained step reads the head and the whole LM head (a 49k-row
         # vocabulary is ~1/5 of SmolLM2's bytes), nothing else of the target
         self.cost_per_token = weight_bytes(self.head, lm_head_weights(target.model, self.inner)) / weight_bytes(target.model)
@@ -60,9 +64,24 @@ class MtpDrafter(DrafterBase):
         self._pairs = 0  # pairs (h[i-1], t[i]) for i = 1.._pairs, with the target's h
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        # The target prefill just ran through the tape; the head sees the prompt at the first propose.
+        # The target prefill's hidden states arrive through observe_hidden; the head sees the prompt at the first propose.
         self._head_cache, self._seen, self._pairs = KVCache(), [], 0
+        self.tape = HiddenTape()
         self.cached_len = 0
+
+    def observe_hidden(self, start: int, token_ids: list[int], hidden) -> None:
+        """The target's hidden states [n, hidden] of `token_ids`, fed at cache positions start.. (overwrites from start)."""
+        if hidden is not None:
+            self.tape.write(start, token_ids, hidden)
+
+    def use_rollback(self, strategy) -> None:
+        pass  # no target-shaped cache: the head cache is trimmed by the next propose
+
+    def rollback(self, kept_len: int) -> int:
+        """Chained positions beyond the accepted prefix (for the RolledBack event); the next propose drops them."""
+        drop = max(0, self.cached_len - kept_len)
+        self.cached_len -= drop
+        return drop
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         return self._draft(context_ids, k, sampled=self.sampler is not None and not self.sampler.greedy)
@@ -85,31 +104,16 @@ class MtpDrafter(DrafterBase):
         self._seen, self._pairs = list(context_ids), n - 1
 
         # Chain: each step feeds the head's own output as the next hidden state.
-        # Lazy graph, one evaluation at the end (no host round trip per token),
-        # except with a confidence floor: each token is checked on the host first.
-        drafted, q_rows = [], []
-        for i in range(k):
-            logits = self.lm_head(x)[0].astype(mx.float32)  # [1, vocab]
-            if sampled:
-                q = self.sampler.probs(logits)
-                y = self.sampler.sample(q)
-                q_rows.append(q)
-            else:
-                q = None
-                y = mx.argmax(logits, axis=-1).astype(mx.uint32)
-            if self.p_min > 0 and mx.max(q if q is not None else mx.softmax(logits, axis=-1)).item() < self.p_min:
-                if sampled:
-                    q_rows.pop()
-                break  # unsure: a likely reject would only take a verify slot
-            drafted.append(y)
-            if i < k - 1:
+        def next_logits(i: int, y):
+            nonlocal x
+            if i > 0:
                 x = self.head(x, self.inner.embed_tokens(y)[None], self._head_cache)
+            return self.lm_head(x)[0].astype(mx.float32)  # [1, vocab]
+
+        drafted, q_rows = chain(next_logits, k, self.sampler if sampled else None, self.p_min)
         self.forwards += max(len(drafted), 1)
         self.cached_len = n + max(len(drafted), 1) - 1  # context + chained drafts (for the RolledBack event)
-        if not drafted:
-            return Draft(token_ids=[])
-        draft_ids = mx.concatenate(drafted).tolist()
-        return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None)
+        return to_draft(drafted, q_rows)
 
     def _forget_stale(self, context_ids: list[int]) -> None:
         """Trim the head cache to the pairs still true for this context.
@@ -131,11 +135,10 @@ class MtpDrafter(DrafterBase):
         """The target's h for positions [begin, end), from the tape.
 
         Falls back to one target forward over the context when the tape does
-        not hold this context (the target was used by someone else in between).
+        not hold this context (a drafter used outside the pipeline).
         """
         if not self.tape.covers(context_ids, end):
             self.target_recomputes += 1
-            with self.tape.paused():
-                hidden = self.inner(mx.array(context_ids[:end], dtype=mx.uint32)[None], cache=None)[0]
+            hidden = self.target.forward(context_ids[:end], None, capture=HIDDEN).hidden  # its logits are never evaluated
             self.tape.write(0, context_ids[:end], hidden)
         return self.tape.rows(begin, end)

@@ -1,19 +1,59 @@
 """The MLX engine: one loaded model, its tokenizer, its caches, its forwards.
 
-Contract: stages hand it token ids and a cache and get float32 logits back,
-one row per input position. It knows nothing of drafting, verification or
-GGUF files; loaders (engine/loader.py) build it, stages only call it.
+Contract: stages hand it token ids, a cache and what to capture, and get a
+`ForwardResult` back: float32 logits, one row per input position, plus the
+final hidden states and per-position recurrent states only when asked
+(`Capture`). Without a capture a forward is the plain mlx-lm call and
+nothing else. It knows nothing of drafting, verification or GGUF files;
+loaders (engine/loader.py) build it, stages only call it.
 """
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from specpipe.engine import introspect
+from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
 from specpipe.events import ModelInfo
 
 PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What a forward should hand back beside the logits.
+
+    hidden: the final hidden states (the LM head's input, after the final
+        norm), for drafters that read the target's state (MTP heads).
+    states: per-position recurrent states, recorded into this capture
+        (recurrent.StateCapture, opened by a rollback strategy).
+    """
+
+    hidden: bool = False
+    states: StateCapture | None = None
+
+
+HIDDEN = Capture(hidden=True)
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    """One forward's outputs (lazy arrays: nothing is evaluated by the engine).
+
+    logits: [n, vocab] float32 ([rows, n, vocab] for batched input).
+    hidden: [n, hidden] final hidden states when `Capture.hidden`, else None.
+    states: the StateCapture it recorded into, else None.
+    """
+
+    logits: mx.array
+    hidden: mx.array | None = None
+    states: StateCapture | None = None
 
 
 class Engine:
@@ -29,6 +69,8 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
+        self._parts: tuple[Any, Any] | None = None  # (inner model, LM head), found on the first hidden-state capture
+        self._mixers: list[tuple[Any, Any, StepwiseMixer]] | None = None  # [(parent, key, StepwiseMixer)], found on the first state capture
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -38,27 +80,91 @@ class Engine:
         """A fresh per-layer cache (KV for attention, state for recurrent layers)."""
         return make_prompt_cache(self.model)
 
-    def forward(self, token_ids: mx.array, cache: list) -> mx.array:
+    def forward(
+        self, token_ids, cache: list | None, *, capture: Capture | None = None, positions=None, mask=None
+    ) -> ForwardResult:
         """Run the model over `token_ids` appended to `cache`.
 
         Args:
-            token_ids: [n] int array (or list) of new positions.
-            cache: the cache from `make_cache`, updated in place.
+            token_ids: [n] int array (or list) of new positions; [rows, n] for
+                a batch of rows with a batched cache.
+            cache: the cache from `make_cache`, updated in place (None: no cache).
+            capture: what to hand back beside the logits (None: logits only,
+                the plain mlx-lm call).
+            positions, mask: reserved for token trees (per-token positions and
+                an attention mask over the cache); not supported yet.
 
         Returns:
-            [n, vocab] float32 logits (lazy: nothing is evaluated here).
+            ForwardResult with lazy arrays (nothing is evaluated here).
         """
+        if positions is not None or mask is not None:
+            raise NotImplementedError("Engine.forward: per-token positions / masks (token trees) are not supported yet")
         if not isinstance(token_ids, mx.array):
             token_ids = mx.array(token_ids, dtype=mx.uint32)
-        logits = self.model(token_ids[None], cache=cache)
-        return logits[0].astype(mx.float32)
+        batched = token_ids.ndim == 2
+        ids = token_ids if batched else token_ids[None]
+        if capture is None:  # the fast path: exactly the mlx-lm call
+            logits = self.model(ids, cache=cache)
+            return ForwardResult(logits=(logits if batched else logits[0]).astype(mx.float32))
+        states = capture.states if capture.states else None
+        with stepwise(self._mixer_sites(), states) if states is not None else contextlib.nullcontext():
+            if capture.hidden:
+                inner, head = self.hidden_parts()
+                hidden = inner(ids, cache=cache)
+                logits = head(hidden)
+            else:
+                hidden, logits = None, self.model(ids, cache=cache)
+        if not batched:
+            logits, hidden = logits[0], hidden[0] if hidden is not None else None
+        return ForwardResult(logits=logits.astype(mx.float32), hidden=hidden, states=capture.states)
 
-    def prefill(self, token_ids: list[int], cache: list) -> None:
-        """Feed a prompt in chunks, evaluating as it goes to bound memory."""
+    def prefill(self, token_ids: list[int], cache: list, capture: Capture | None = None) -> mx.array | None:
+        """Feed a prompt in chunks, evaluating as it goes to bound memory.
+
+        Returns:
+            [n, hidden] final hidden states of every fed position when
+            `capture.hidden` (None when nothing was fed), else None.
+        """
+        hidden = []
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = mx.array(token_ids[start : start + PREFILL_CHUNK], dtype=mx.uint32)
-            self.model(chunk[None], cache=cache)
-            mx.eval([c.state for c in cache])
+            if capture is not None and capture.hidden:
+                inner, _ = self.hidden_parts()
+                hidden.append(inner(chunk[None], cache=cache)[0])  # no LM head: the prefill's logits are unused
+                mx.eval([c.state for c in cache], hidden[-1])
+            else:
+                self.model(chunk[None], cache=cache)
+                mx.eval([c.state for c in cache])
+        if not hidden:
+            return None
+        return mx.concatenate(hidden) if len(hidden) != 1 else hidden[0]
+
+    def hidden_parts(self):
+        """(inner model, LM head): what a hidden-state capture calls, checked once.
+
+        Raises:
+            SpecpipeError when head(inner(x)) is not the model's own logits,
+            or the model is not llama-like (introspect.llama_parts).
+        """
+        if self._parts is None:
+            inner, head = introspect.llama_parts(self.model, "mtp")
+            # A model whose forward does more than this (logit soft-capping, a logit scale) would
+            # verify with other logits than draft=none: refuse it rather than lose exactness.
+            probe = mx.array([[0, 1]], dtype=mx.uint32)
+            if not mx.allclose(head(inner(probe)), self.model(probe), rtol=1e-5, atol=1e-5).item():
+                from specpipe.errors import SpecpipeError
+
+                raise SpecpipeError(
+                    f"{self.info.name}: its forward does more than the LM head over the inner model's output, so "
+                    "its hidden states cannot be captured exactly; use a drafter without an MTP head (draft=model, ngram)"
+                )
+            self._parts = inner, head
+        return self._parts
+
+    def _mixer_sites(self) -> list[tuple[Any, Any, StepwiseMixer]]:
+        if self._mixers is None:
+            self._mixers = [(parent, key, StepwiseMixer(m)) for parent, key, m in introspect.mixer_sites(self.model)]
+        return self._mixers
 
     def encode_prompt(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         """Token ids for `text`, through the chat template when asked and available."""

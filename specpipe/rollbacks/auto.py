@@ -8,13 +8,13 @@ e.g. {"checkpoint": 3, "recompute": 29}. Per cache (target, draft):
    docs/rollback.md: decoding is weight-bandwidth bound, so
    - checkpoint runs its recurrent mixers once per position, re-reading the
      mixers' weights k extra times: extra cost ~ k * f, where f is the share
-     of the model's weights inside stepwise mixers (`stepwise.mixer_fraction`);
+     of the model's weights inside stepwise mixers (`introspect.mixer_fraction`);
    - recompute re-runs the kept tokens through the whole model on a step
      with a rejection: extra cost ~ 1 forward * r, where r is the recent
      share of steps with a rejection (0 when every draft is accepted);
    checkpoint when k * f < r, else recompute;
 3. a checkpoint step whose snapshots would pass `max_snapshot_mb`, or whose
-   mixers have no stepwise hook, recomputes (decided while the forward runs:
+   mixers are not in introspect.MIXERS, recomputes (decided while the forward runs:
    the capture gives up and frees what it held).
 
 The first step of a cache, before f and k are known, checkpoints. Both paths
@@ -28,9 +28,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from specpipe.protocols import RollbackBase
+from specpipe.engine import introspect
+from specpipe.engine.recurrent import StateCapture
 from specpipe.rollbacks import layers as cache_layers
-from specpipe.rollbacks import stepwise
-from specpipe.rollbacks.checkpoint import restore
+from specpipe.rollbacks.checkpoint import restore, take
 from specpipe.rollbacks.recompute import replay
 
 REJECT_DECAY = 0.8  # weight of the past in the running rejection share
@@ -59,7 +60,6 @@ class AutoRollback(RollbackBase):
     name = "auto"
 
     def __init__(self, max_snapshot_mb: float = 1024.0):
-        stepwise.install()
         self.max_snapshot_bytes = max_snapshot_mb * 2**20
         self.dropped = 0
         self.peak_bytes = 0
@@ -69,29 +69,31 @@ class AutoRollback(RollbackBase):
         self.last_choice = ""
         self._plans: dict[int, Plan] = {}  # id(cache list) -> Plan
         self._fractions: dict[int, float] = {}  # id(model) -> mixer fraction
-        self._active: dict[int, tuple] = {}  # id(leaf) -> (leaf, Capture)
+        self._active: dict[int, tuple] = {}  # id(leaf) -> (leaf, StateRecord)
 
     def check(self, cache: list, role: str) -> None:
         cache_layers.check(cache, role, self.name)
 
-    def before_forward(self, cache: list) -> None:
+    def before_forward(self, cache: list) -> StateCapture | None:
+        """Start a record per recurrent layer; the StateCapture to pass to the forward when checkpointing, else None."""
         recurrent = cache_layers.split(cache).recurrent
+        if not recurrent:
+            return None
         plan = self._plans.get(id(cache))
         checkpoint = plan is None or choose(plan.k, plan.mixer_fraction, plan.reject_rate) == "checkpoint"
         # The cap is per model: split it over that model's recurrent layers. 0: keep only `before`.
         limit = self.max_snapshot_bytes / max(len(recurrent), 1) if checkpoint else 0
+        states = StateCapture()
         for leaf in recurrent:
-            self._active[id(leaf)] = (leaf, stepwise.start(leaf, limit))
+            self._active[id(leaf)] = (leaf, states.start(leaf, limit))
+        return states if checkpoint else None  # a recompute step only needs `before`: no per-position work
 
     def rollback(self, cache: list, n_drop: int, *, engine=None, fed_ids: list[int] | None = None) -> None:
         t0 = time.perf_counter()
         layers = cache_layers.split(cache)
-        held = sum(c.held_bytes(leaf.cache) for leaf, c in self._active.values())
+        held = sum(cache_layers.slot_bytes(c.arrays(), exclude=leaf.cache) for leaf, c in self._active.values())
         self.peak_bytes = max(self.peak_bytes, held)
-        captures = []
-        for leaf in layers.recurrent:
-            self._active.pop(id(leaf), None)
-            captures.append(stepwise.stop(leaf))
+        captures = [take(self._active, leaf) for leaf in layers.recurrent]
 
         if not layers.recurrent:
             choice = "trim"
@@ -122,7 +124,7 @@ class AutoRollback(RollbackBase):
         if engine is not None:
             key = id(engine.model)
             if key not in self._fractions:
-                self._fractions[key] = stepwise.mixer_fraction(engine.model)
+                self._fractions[key] = introspect.mixer_fraction(engine.model)
             plan.mixer_fraction = self._fractions[key]
         if fed_ids:
             plan.k = len(fed_ids) - 1

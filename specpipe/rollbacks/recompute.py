@@ -26,8 +26,6 @@ import mlx.core as mx
 from specpipe.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 
-SAVED = "_specpipe_saved"  # attribute on a recurrent cache entry: its slots before the forward
-
 
 class RecomputeRollback(RollbackBase):
     name = "recompute"
@@ -37,27 +35,25 @@ class RecomputeRollback(RollbackBase):
         self.peak_bytes = 0  # most pre-forward state kept alive at once (target + draft)
         self.time_s = 0.0  # time spent restoring, trimming and re-running accepted tokens
         self.recompute_tokens = 0  # tokens fed a second time
-        self._active: dict[int, Any] = {}  # id(leaf) -> leaf, between before_forward and rollback
+        self._saved: dict[int, tuple] = {}  # id(leaf) -> (leaf, its slots before the forward), until rollback
 
     def check(self, cache: list, role: str) -> None:
         cache_layers.check(cache, role, self.name)
 
     def before_forward(self, cache: list) -> None:
+        """Keep every recurrent layer's slots; no per-position states needed (returns None: nothing to capture)."""
         for leaf in cache_layers.split(cache).recurrent:
-            setattr(leaf, SAVED, list(leaf.cache))
-            self._active[id(leaf)] = leaf
+            self._saved[id(leaf)] = (leaf, list(leaf.cache))
 
     def rollback(self, cache: list, n_drop: int, *, engine=None, fed_ids: list[int] | None = None) -> None:
         t0 = time.perf_counter()
         layers = cache_layers.split(cache)
-        held = sum(cache_layers.slot_bytes(getattr(leaf, SAVED, []), exclude=leaf.cache) for leaf in self._active.values())
+        held = sum(cache_layers.slot_bytes(slots, exclude=leaf.cache) for leaf, slots in self._saved.values())
         self.peak_bytes = max(self.peak_bytes, held)
         saved = []
         for leaf in layers.recurrent:
-            self._active.pop(id(leaf), None)
-            saved.append(getattr(leaf, SAVED, None))
-            if hasattr(leaf, SAVED):
-                delattr(leaf, SAVED)
+            entry = self._saved.pop(id(leaf), None)
+            saved.append(entry[1] if entry is not None and entry[0] is leaf else None)
         if n_drop > 0:
             if engine is None or fed_ids is None or any(s is None for s in saved):
                 raise RuntimeError("rollback=recompute needs before_forward(), engine= and fed_ids=")
@@ -78,6 +74,6 @@ def replay(cache: list, layers: cache_layers.Layers, saved: list, fed_ids: list[
     cache_layers.trim(layers.attention, len(fed_ids))
     keep = fed_ids[: len(fed_ids) - n_drop]
     if keep:
-        engine.forward(mx.array(keep, dtype=mx.uint32), cache)
+        engine.forward(mx.array(keep, dtype=mx.uint32), cache)  # logits unused: only the caches advance
         # Evaluate now, so the cost lands in this stage's time, not the next forward's.
         mx.eval([leaf.cache for leaf in layers.recurrent] + [leaf.state for leaf in layers.attention])

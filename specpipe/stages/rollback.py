@@ -1,7 +1,9 @@
 """Rollback stage: bring a cache back to the accepted length.
 
 Contract: `before_forward(cache)` is called before every forward whose
-positions may be rejected (a snapshot point); `rollback(cache, n_drop,
+positions may be rejected (a snapshot point) and returns what those
+forwards must capture for it (an engine StateCapture of per-position
+recurrent states) or None; `rollback(cache, n_drop,
 engine=, fed_ids=)` removes the newest `n_drop` positions from every layer
 of `cache`, where `fed_ids` are the ids fed since `before_forward`, so the
 next forward continues from the accepted prefix. `check(cache, role)`
