@@ -111,6 +111,15 @@ class PromptConfig:
 
 
 @dataclass
+class TreeConfig:
+    name: str = "chain"  # chain (one branch) | static | dynamic  (specpipe/trees/shape.py)
+    branching: List[int] = field(default_factory=lambda: [4, 2, 1, 1])  # static: children per kept node, by depth
+    nodes: int = 16  # dynamic: nodes verified per step, 1..64
+    depth: int = 8  # dynamic: deepest level drafted
+    width: int = 4  # dynamic: alternatives a model drafter scores per depth
+
+
+@dataclass
 class PipelineGroups:
     """The groups every app composes (specpipe, specpipe-bench, specpipe-chat)."""
 
@@ -121,6 +130,7 @@ class PipelineGroups:
     rollback: Any = MISSING
     compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
 
 
 @dataclass
@@ -147,6 +157,7 @@ def register() -> None:
     cs.store(group="schema/compare", name="compare", node=CompareConfig)
     cs.store(group="schema/sampling", name="sampling", node=SamplingConfig)
     cs.store(group="schema/prompt", name="prompt", node=PromptConfig)
+    cs.store(group="schema/tree", name="tree", node=TreeConfig)
 
 
 register()

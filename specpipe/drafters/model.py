@@ -89,3 +89,9 @@ class ModelDrafter:
             return Draft(token_ids=[], catchup_tokens=catchup)
         draft_ids = mx.concatenate(tokens).tolist()
         return Draft(token_ids=draft_ids, probs=mx.concatenate(q_rows) if sampled else None, catchup_tokens=catchup)
+
+    def propose_tree(self, context_ids: list[int], shape):
+        """A greedy chain with its top-k siblings at each depth (tree != chain; specpipe/trees/)."""
+        from specpipe.trees.drafting import model_candidates
+
+        return model_candidates(self, context_ids, shape.max_depth, shape.width)
