@@ -117,6 +117,7 @@ def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(ar
 
 
 def tree_generate(target, drafter, shape, prompt, max_tokens, stop_ids=None):
+    """(ids, RunFinished, events, pipeline) of a tree run."""
     rollback = TrimRollback()
     step = TreeStep(target, drafter, shape, rollback)
     pipe = SpeculativePipeline(target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
@@ -185,3 +186,16 @@ def test_drafter_without_trees_is_refused():
     target = tiny("llama")
     with pytest.raises(SpecpipeError, match="tree=chain"):
         TreeStep(target, make_drafter("none", target), SHAPES["static"], TrimRollback())
+
+
+def test_old_recordings_read_without_tree_fields_and_tree_events_round_trip():
+    import msgspec
+
+    from specpipe.events import Event
+
+    decoder = msgspec.json.Decoder(Event)
+    old = b'{"type":"verified","t":1.0,"step":1,"accepted_ids":[4],"rejected_ids":[5],"recovered_id":6,"seconds":0.1}'
+    v = decoder.decode(old)
+    assert v.accepted_path == [] and v.tree_depth == 0
+    d = Drafted(t=0.0, step=1, k=3, draft_ids=[5, 7, 4], tree_parents=[-1, 0, -1], seconds=0.1)
+    assert decoder.decode(msgspec.json.encode(d)) == d
