@@ -194,7 +194,7 @@ def test_old_recordings_read_without_tree_fields_and_tree_events_round_trip():
     from specpipe.events import Event
 
     decoder = msgspec.json.Decoder(Event)
-    old = b'{"type":"verified","t":1.0,"step":1,"accepted_ids":[4],"rejected_ids":[5],"recovered_id":6,"seconds":0.1}'
+    old = b'{"kind":"verified","t":1.0,"step":1,"accepted_ids":[4],"rejected_ids":[5],"recovered_id":6,"seconds":0.1}'
     v = decoder.decode(old)
     assert v.accepted_path == [] and v.tree_depth == 0
     d = Drafted(t=0.0, step=1, k=3, draft_ids=[5, 7, 4], tree_parents=[-1, 0, -1], seconds=0.1)
