@@ -15,7 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe.errors import ConfigError, SpecpipeError
+from specpipe.errors import SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.preflight import check_text
 from specpipe.sampling import Sampler
@@ -51,7 +51,7 @@ class Session:
                 )
             self.drafter.p_min = self.budget.p_min
         self.rollback = build_plugin(cfg.rollback, "rollback")
-        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback)
+        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler)
         if self.sampler.greedy:
             # every rule reduces to argmax comparison at temperature 0
             self.comparator, self.bonus = GreedyComparator(), GreedyBonus()
@@ -105,20 +105,18 @@ def check_supported(cfg: DictConfig) -> None:
         raise SpecpipeError(f"max_tokens={cfg.max_tokens}: must be at least 1")
     from specpipe.trees.shape import TreeShape
 
-    if TreeShape.from_config(cfg.tree) is not None and cfg.sampling.temperature > 0:
-        raise ConfigError(
-            f"tree={cfg.tree.name} compares greedily; sampling.temperature={cfg.sampling.temperature} needs "
-            "multi-candidate rejection sampling, not built yet: use tree=chain, or sampling=greedy"
-        )
+    TreeShape.from_config(cfg.get("tree"))  # a bad tree shape: ConfigError before anything loads
 
 
-def tree_step_for(cfg: DictConfig, target, drafter, rollback):
+def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler):
     """The tree path's step (specpipe/trees/step.py) when tree != chain, else None (the chain path)."""
     from specpipe.trees.shape import TreeShape
     from specpipe.trees.step import TreeStep
 
-    shape = TreeShape.from_config(cfg.tree)
-    return TreeStep(target, drafter, shape, rollback) if shape is not None else None
+    shape = TreeShape.from_config(cfg.get("tree"))
+    if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
+        return None
+    return TreeStep(target, drafter, shape, rollback, sampler)
 
 
 def build_plugin(node: DictConfig, group: str, **runtime):

@@ -21,7 +21,7 @@ from specpipe.trees.forward import keep_path, tree_forward
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.step import TreeStep
 from specpipe.trees.tree import TokenTree, select_dynamic, select_static
-from specpipe.trees.verify import pick_path
+from specpipe.trees.verify import pick_path, pick_path_sampled
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 MAX_TOKENS = 40
@@ -199,3 +199,68 @@ def test_old_recordings_read_without_tree_fields_and_tree_events_round_trip():
     assert v.accepted_path == [] and v.tree_depth == 0
     d = Drafted(t=0.0, step=1, k=3, draft_ids=[5, 7, 4], tree_parents=[-1, 0, -1], seconds=0.1)
     assert decoder.decode(msgspec.json.encode(d)) == d
+
+
+# ---------------------------------------------------------------- sampling: recursive rejection sampling
+
+
+def _markov_tree(root: int) -> TokenTree:
+    """A fixed tree for each root token: 3 children, two grandchildren under the best one."""
+    t = TokenTree()
+    a = t.add((root + 1) % 6, -1, 0.5)
+    t.add((root + 2) % 6, -1, 0.3)
+    t.add((root + 4) % 6, -1, 0.1)
+    t.add((root + 2) % 6, a, 0.4)
+    t.add((root + 3) % 6, a, 0.05)
+    return t
+
+
+def _two_tokens(P, rng, residual=None):
+    """First two emitted tokens of sampled tree steps over a Markov target P[prev] (root token 0)."""
+    out, root = [], 0
+    while len(out) < 2:
+        tree = _markov_tree(root)
+        rows = [root] + tree.tokens  # the token each fed row follows
+        v = pick_path_sampled(
+            tree, target_probs=lambda row: P[rows[row]].copy(), uniform=rng.random,
+            sample=lambda p: int(rng.choice(len(p), p=p / p.sum())), residual=residual,
+        )
+        step = [tree.tokens[i] for i in v.path] + [v.next_id]
+        out.extend(step)
+        root = step[-1]
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_tree_rejection_sampling_keeps_the_target_distribution(broken):
+    """Joint law of the first two tokens == the target's; a variant that resamples from p
+    itself after a rejection (no residual) is caught."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.full(6, 0.7), size=6)
+    want = P[0][:, None] * P  # P(y1, y2)
+    n = 20000
+    got = np.zeros((6, 6))
+    for _ in range(n):
+        y1, y2 = _two_tokens(P, rng, residual=(lambda p, tok: p) if broken else None)
+        got[y1, y2] += 1
+    tv = 0.5 * np.abs(got / n - want).sum()
+    if broken:
+        assert tv > 0.05, tv
+    else:
+        assert tv < 0.03, tv
+
+
+def test_sampled_tree_run_is_seeded_and_reproducible(setup):
+    from specpipe.sampling import Sampler
+
+    target, _, prompt, _ = setup
+    runs = []
+    for _ in range(2):
+        sampler = Sampler(temperature=0.8, seed=3)
+        step = TreeStep(target, make_drafter("ngram", target), SHAPES["dynamic"], TrimRollback(), sampler)
+        pipe = SpeculativePipeline(target, step.drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=step)
+        runs.append(list(pipe.run(prompt, 24, stop_ids=set()))[-1].token_ids)
+        assert pipe.cache[0].offset == len(pipe.context) - 1
+    assert runs[0] == runs[1] and len(runs[0]) == 24

@@ -26,7 +26,7 @@ class TreeShape:
 
     @classmethod
     def from_config(cls, tree) -> "TreeShape | None":
-        name = tree.name
+        name = tree.name if tree is not None else "chain"  # configs built without the group (older bench nodes)
         if name == "chain":
             return None
         if name == "static":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
+import numpy as np
 
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RolledBack, Verified
@@ -21,11 +22,11 @@ from specpipe.trees.drafting import TreeDraft
 from specpipe.trees.forward import keep_path, tree_forward, tree_refusal
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree
-from specpipe.trees.verify import pick_path
+from specpipe.trees.verify import pick_path, pick_path_sampled
 
 
 class TreeStep:
-    def __init__(self, target, drafter, shape: TreeShape, rollback):
+    def __init__(self, target, drafter, shape: TreeShape, rollback, sampler=None):
         """Refuses (SpecpipeError, one line naming tree=chain) targets or drafters that cannot do trees."""
         refusal = tree_refusal(target.make_cache(), target.info.name)
         if refusal:
@@ -33,6 +34,7 @@ class TreeStep:
         if not hasattr(drafter, "propose_tree"):
             raise SpecpipeError(f"draft={drafter.name} cannot propose token trees: use tree=chain, or draft=ngram / model")
         self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
+        self.sampler = sampler if sampler is not None and not sampler.greedy else None  # None: greedy
         self.new_ids: list[int] = []
         self.accepted = 0
 
@@ -56,7 +58,7 @@ class TreeStep:
         s = time.perf_counter()
         start = cache[0].offset
         logits = tree_forward(self.target.model, cache, last_id, tree)
-        verdict = pick_path(tree, mx.argmax(logits, axis=-1).tolist())
+        verdict = self._compare(tree, logits)
         path_ids = [tree.tokens[i] for i in verdict.path]
         on_path = set(verdict.path)
         verify_s = time.perf_counter() - s
@@ -84,6 +86,19 @@ class TreeStep:
             draft_dropped=draft_drop, seconds=time.perf_counter() - s,
         )
         self.new_ids, self.accepted = path_ids + [verdict.next_id], len(path_ids)
+
+    def _compare(self, tree: TokenTree, logits: mx.array):
+        """Greedy: the path of argmaxes. Sampling: recursive rejection sampling (verify.py)."""
+        if self.sampler is None:
+            return pick_path(tree, mx.argmax(logits, axis=-1).tolist())
+        sampler = self.sampler
+        probs = sampler.probs(logits)  # [n + 1, vocab], processed as the chain's comparator does
+        return pick_path_sampled(
+            tree,
+            target_probs=lambda row: np.array(probs[row], dtype=np.float64),
+            uniform=lambda: mx.random.uniform(key=sampler.key()).item(),
+            sample=lambda p: int(sampler.sample(mx.array(p, dtype=mx.float32)[None]).item()),
+        )
 
 
 def prune_depth(tree: TokenTree, max_depth: int) -> TokenTree:
