@@ -91,7 +91,7 @@ def test_ngram_trie_puts_the_chain_first():
 # ---------------------------------------------------------------- tree forward
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + ["mistral"])
 def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch):
     e = tiny(arch)
     prompt = list(range(3, 30))
@@ -172,10 +172,11 @@ def test_tree_max_tokens(setup, max_tokens):
 # ---------------------------------------------------------------- refusals
 
 
-def test_recurrent_target_is_refused_naming_tree_chain():
+@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text", "phi3"])  # hybrid recurrent; sliding window; untested family
+def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
     from specpipe.engine.loader import load_engine
 
-    target = load_engine("tiny-random", precision="float32", arch="qwen3_next")
+    target = load_engine("tiny-random", precision="float32", arch=arch)
     with pytest.raises(SpecpipeError) as err:
         TreeStep(target, make_drafter("ngram", target), SHAPES["static"], TrimRollback())
     msg = str(err.value)

@@ -27,15 +27,26 @@ from mlx_lm.models.cache import KVCache
 from specpipe.trees.tree import TokenTree
 
 
-def tree_refusal(cache: list, model_name: str) -> str | None:
-    """One line naming tree=chain when a cache layer cannot hold a tree (recurrent, rotating, quantized)."""
+# Families whose attention reads positions only through `rope(x, offset=cache.offset)` and whose mask comes
+# from `cache.make_mask`: checked against plain forwards in tests/test_trees.py. Others may use the offset
+# elsewhere (attention temperature by position, sliding windows) and are refused rather than trusted.
+TREE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> str | None:
+    """One line naming tree=chain when the model cannot verify a tree: a cache layer that cannot
+    hold one (recurrent, rotating, quantized), an untested family, or no `rope` child to position nodes."""
     kinds = sorted({type(c).__name__ for c in cache if type(c) is not KVCache})
-    if not kinds:
-        return None
-    return (
-        f"tree verification needs attention-only KV caches, but {model_name} has {', '.join(kinds)} layers "
-        "(recurrent, sliding-window or quantized): use tree=chain with this model"
-    )
+    if kinds:
+        return (
+            f"tree verification needs attention-only KV caches, but {model_name} has {', '.join(kinds)} layers "
+            "(recurrent, sliding-window or quantized): use tree=chain with this model"
+        )
+    if arch not in TREE_ARCHS:
+        return f"tree verification is checked for {' / '.join(TREE_ARCHS)} attention; {model_name} is {arch}: use tree=chain"
+    if not _rope_owners(model):
+        return f"tree verification positions nodes through each attention layer's rope, which {model_name} lacks: use tree=chain"
+    return None
 
 
 def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree) -> mx.array:
@@ -112,14 +123,17 @@ class _TreeRope(nn.Module):
 @contextmanager
 def _ropes_at(model: nn.Module, positions: mx.array) -> Iterator[None]:
     """Swap every attention layer's `rope` child for a _TreeRope on this model instance, and back."""
-    owners = [m for _, m in model.named_modules() if isinstance(m.get("rope") if isinstance(m, dict) else None, nn.Module)]
+    owners = _rope_owners(model)
     originals = [m["rope"] for m in owners]
-    if not owners:
-        raise RuntimeError(f"{type(model).__name__}: no attention layer with a rope child found")
     try:
         for m, rope in zip(owners, originals):
-            setattr(m, "rope", _TreeRope(rope, positions))
+            m["rope"] = _TreeRope(rope, positions)  # this instance's child only; the class is untouched
         yield
     finally:
         for m, rope in zip(owners, originals):
-            setattr(m, "rope", rope)
+            m["rope"] = rope
+
+
+def _rope_owners(model: nn.Module) -> list[nn.Module]:
+    """The modules (attention layers) that hold a `rope` child module."""
+    return [m for _, m in model.named_modules() if isinstance(m.get("rope"), nn.Module)]

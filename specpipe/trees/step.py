@@ -28,7 +28,7 @@ from specpipe.trees.verify import pick_path, pick_path_sampled
 class TreeStep:
     def __init__(self, target, drafter, shape: TreeShape, rollback, sampler=None):
         """Refuses (SpecpipeError, one line naming tree=chain) targets or drafters that cannot do trees."""
-        refusal = tree_refusal(target.make_cache(), target.info.name)
+        refusal = tree_refusal(target.model, target.make_cache(), target.info.name, target.info.arch)
         if refusal:
             raise SpecpipeError(refusal)
         if not hasattr(drafter, "propose_tree"):
