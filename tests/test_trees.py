@@ -265,3 +265,14 @@ def test_sampled_tree_run_is_seeded_and_reproducible(setup):
         runs.append(list(pipe.run(prompt, 24, stop_ids=set()))[-1].token_ids)
         assert pipe.cache[0].offset == len(pipe.context) - 1
     assert runs[0] == runs[1] and len(runs[0]) == 24
+
+
+def test_single_branch_tree_takes_the_plain_forward():
+    e = tiny("qwen2")
+    prompt = list(range(3, 20))
+    a, b = e.make_cache(), e.make_cache()
+    e.prefill(prompt[:-1], a)
+    e.prefill(prompt[:-1], b)
+    got = tree_forward(e.model, a, prompt[-1], TokenTree.chain([5, 6, 7]))
+    want = e.forward([prompt[-1], 5, 6, 7], b)
+    assert mx.array_equal(got, want) and a[0].offset == b[0].offset

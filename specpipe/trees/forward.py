@@ -63,6 +63,9 @@ def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree) -
     """
     offset = cache[0].offset
     ids = mx.array([root_id, *tree.tokens], dtype=mx.uint32)[None]
+    if tree.parents == list(range(-1, len(tree) - 1)):
+        # a single branch (an n-gram with one match, a pruned tree): the plain causal forward, no wrappers
+        return model(ids, cache=cache)[0].astype(mx.float32)
     positions = mx.array([offset] + [offset + d for d in tree.depths()], dtype=mx.int32)
     allowed = mx.array(tree.ancestor_mask())  # [n + 1, n + 1]
     mask = mx.concatenate([mx.ones((len(tree) + 1, offset), dtype=mx.bool_), allowed], axis=1)
