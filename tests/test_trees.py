@@ -276,3 +276,13 @@ def test_single_branch_tree_takes_the_plain_forward():
     got = tree_forward(e.model, a, prompt[-1], TokenTree.chain([5, 6, 7]))
     want = e.forward([prompt[-1], 5, 6, 7], b)
     assert mx.array_equal(got, want) and a[0].offset == b[0].offset
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_layerskip_drafts_trees_through_the_model_drafter(setup, shape):
+    from specpipe.drafters.layerskip import LayerSkipDrafter
+
+    target, _, prompt, baseline = setup
+    got, final, _, _ = tree_generate(target, LayerSkipDrafter(target, depth=1), SHAPES[shape], prompt, MAX_TOKENS)
+    assert got == baseline, first_difference(target, prompt, baseline, got)
+    assert final.stats.tree_steps > 0
