@@ -286,3 +286,19 @@ def test_layerskip_drafts_trees_through_the_model_drafter(setup, shape):
     got, final, _, _ = tree_generate(target, LayerSkipDrafter(target, depth=1), SHAPES[shape], prompt, MAX_TOKENS)
     assert got == baseline, first_difference(target, prompt, baseline, got)
     assert final.stats.tree_steps > 0
+
+
+def test_tree_events_read_in_the_tui_transcript_and_figures(setup):
+    """The TUI consumes tree steps like chain steps: its answer is the run's text, its figures count them."""
+    from tui.figures import Figures
+    from tui.transcript import AnswerTranscript
+
+    target, _, prompt, _ = setup
+    _, final, events, _ = tree_generate(target, make_drafter("ngram", target), SHAPES["dynamic"], prompt, 24)
+    transcript, figures = AnswerTranscript(), Figures()
+    for event in events:
+        transcript.consume(event)
+        figures.consume(event)
+    assert transcript.text == final.text
+    assert len(transcript.steps) == final.stats.steps
+    assert dict(figures.rows())["tok/forward"] == f"{final.stats.tokens_per_forward:.2f}"
