@@ -302,3 +302,29 @@ def test_tree_events_read_in_the_tui_transcript_and_figures(setup):
     assert transcript.text == final.text
     assert len(transcript.steps) == final.stats.steps
     assert dict(figures.rows())["tok/forward"] == f"{final.stats.tokens_per_forward:.2f}"
+
+
+# ---------------------------------------------------------------- the `tree` group through Hydra and Session
+
+
+def _compose(overrides):
+    from hydra import compose, initialize
+
+    import specpipe.config  # noqa: F401  (registers the schemas)
+
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_tree_group_builds_a_tree_step_and_refuses_before_loading():
+    from specpipe.errors import ConfigError
+    from specpipe.session import Session
+
+    session = Session(_compose(["model=tiny-random", "tree=dynamic", "tree.nodes=8"]))
+    assert session.tree_step is not None and session.tree_step.shape.nodes == 8
+    assert Session(_compose(["model=tiny-random"])).tree_step is None  # tree=chain: the chain path
+    with pytest.raises(ConfigError, match="at most 64"):
+        Session(_compose(["model.name=no-such-model", "tree=static", "tree.branching=[8,8,2]"]))
+    with pytest.raises(SpecpipeError, match="use tree=chain") as err:
+        Session(_compose(["model=tiny-random", "model.arch=qwen3_next", "tree=static", "rollback=checkpoint"]))
+    assert "\n" not in str(err.value)
