@@ -22,7 +22,7 @@ from specpipe.cli.shell import Stopped, hydra_main
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
-SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "max_tokens")
+SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "tree", "max_tokens")
 
 _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one process, so load once
 

@@ -113,6 +113,23 @@ class PromptConfig:
 
 
 @dataclass
+class ChainTreeConfig:
+    name: str = MISSING  # chain (one branch) | static | dynamic  (specpipe/trees/shape.py)
+
+
+@dataclass
+class StaticTreeConfig(ChainTreeConfig):
+    branching: List[int] = MISSING  # children per kept node, by depth
+
+
+@dataclass
+class DynamicTreeConfig(ChainTreeConfig):
+    nodes: int = MISSING  # nodes verified per step, 1..64
+    depth: int = MISSING  # deepest level drafted
+    width: int = MISSING  # alternatives a model drafter scores per depth
+
+
+@dataclass
 class PipelineGroups:
     """The groups every app composes (specpipe, specpipe-bench, specpipe-chat)."""
 
@@ -123,6 +140,7 @@ class PipelineGroups:
     rollback: Any = MISSING
     compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tree: Any = MISSING
 
 
 @dataclass
@@ -149,6 +167,9 @@ def register() -> None:
     cs.store(group="schema/compare", name="compare", node=CompareConfig)
     cs.store(group="schema/sampling", name="sampling", node=SamplingConfig)
     cs.store(group="schema/prompt", name="prompt", node=PromptConfig)
+    cs.store(group="schema/tree", name="chain", node=ChainTreeConfig)
+    cs.store(group="schema/tree", name="static", node=StaticTreeConfig)
+    cs.store(group="schema/tree", name="dynamic", node=DynamicTreeConfig)
 
 
 register()

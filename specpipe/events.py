@@ -104,6 +104,7 @@ class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads e
     wasted_forwards: int = 0
     probe: bool = False
     decision: BudgetDecision | None = None
+    tree_parents: list[int] = []  # tree != chain: parent node of each draft_ids entry (-1: the root); [] for a chain
 
 
 class Verified(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
@@ -121,6 +122,8 @@ class Verified(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads 
     seconds: float
     rejected_text: str = ""  # the rejected draft decoded, for display only
     overlap: list[float] = []  # Σ min(p, q) per draft position (sampling rules only)
+    accepted_path: list[int] = []  # tree != chain: accepted node indices into the step's draft_ids; rejected_ids = the other nodes
+    tree_depth: int = 0  # tree != chain: depth of the verified tree (acceptance by position counts depths)
 
 
 class RolledBack(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
@@ -184,6 +187,9 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     draft_forwards_hindsight: int = 0
     draft_forwards_wasted: int = 0  # produced nothing the target verified
     probe_steps: int = 0
+    tree_steps: int = 0  # steps that verified a non-empty token tree (tree != chain)
+    tree_nodes_per_step: float = 0.0  # mean draft nodes verified per tree step
+    tree_path_length: float = 0.0  # mean accepted path length per tree step (bonus excluded)
 
 
 class RunFinished(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -42,6 +42,7 @@ class StatsCollector:
         self.hindsight_matched = 0
         self.forwards_by = dict.fromkeys(("drafting", "probe", "catchup", "hindsight", "wasted"), 0)
         self.probe_steps = 0
+        self.tree_steps = self.tree_nodes = self.tree_path = 0
         self.position_drafted: list[int] = []  # per draft position i: steps that drafted more than i tokens
         self.position_accepted: list[int] = []  # ... and steps whose accepted prefix reached past i
         self._overlap: list[float] = []
@@ -74,6 +75,11 @@ class StatsCollector:
             self.steps += 1
             n, k = len(event.accepted_ids), len(event.accepted_ids) + len(event.rejected_ids)
             self.accepted += n
+            if event.tree_depth:  # a tree: positions are depths, a depth is accepted when the path reached it
+                self.tree_steps += 1
+                self.tree_nodes += k
+                self.tree_path += n
+                k = event.tree_depth
             self._overlap.extend(event.overlap)
             while len(self.position_drafted) < k:
                 self.position_drafted.append(0)
@@ -127,6 +133,9 @@ class StatsCollector:
             draft_forwards_hindsight=by["hindsight"],
             draft_forwards_wasted=by["wasted"],
             probe_steps=self.probe_steps,
+            tree_steps=self.tree_steps,
+            tree_nodes_per_step=self.tree_nodes / self.tree_steps if self.tree_steps else 0.0,
+            tree_path_length=self.tree_path / self.tree_steps if self.tree_steps else 0.0,
         )
 
 

@@ -31,9 +31,10 @@ from specpipe.stages.verify import verify
 class SpeculativePipeline:
     def __init__(
         self, target, drafter: Drafter, budget: Budget, comparator: Comparator, rollback: Rollback, bonus: Bonus,
-        started: RunStarted | None = None,
+        started: RunStarted | None = None, tree_step=None,
     ):
         self.target, self.drafter, self.budget = target, drafter, budget
+        self.tree_step = tree_step  # tree != chain: draft + verify + compare + compaction of a token tree (trees/step.py)
         self.comparator, self.rollback, self.bonus = comparator, rollback, bonus
         self.started = started
         self.cache: list | None = None  # the last run's target cache and context (multi-turn reuse, tests)
@@ -98,6 +99,25 @@ class SpeculativePipeline:
                     reason = "stopped"
                     break
                 step += 1
+                if self.tree_step is not None:
+                    # tree != chain: draft, verify, compare and compact a token tree in trees/step.py,
+                    # then emit as below (kept apart so the chain path stays as it was)
+                    for event in self.tree_step.run(step, clock, context, last_id, cache, max_tokens - len(output) - 1):
+                        yield emit(event)
+                    new_ids = self.tree_step.new_ids
+                    kept, from_draft = cut(new_ids, self.tree_step.accepted, stop_ids, max_tokens - len(output))
+                    pieces = []
+                    for tid in kept:
+                        detok.add_token(tid)
+                        pieces.append(detok.last_segment)
+                    yield emit(Emitted(t=clock(), step=step, token_ids=kept, text="".join(pieces), from_draft=from_draft, token_texts=pieces))
+                    output.extend(kept)
+                    context.extend(new_ids)
+                    last_id = new_ids[-1]
+                    if len(kept) < len(new_ids) and len(output) < max_tokens:
+                        reason = "eos"
+                        break
+                    continue
                 # ---- draft: never more than the tokens still wanted, minus the bonus
                 decision: BudgetDecision | None
                 if control.k is not None:

@@ -50,6 +50,7 @@ class Session:
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
         self.comparator: Comparator
         self.bonus: Bonus
+        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler)
         if self.sampler.greedy:
             # every rule reduces to argmax comparison at temperature 0
             self.comparator, self.bonus = GreedyComparator(), GreedyBonus()
@@ -87,7 +88,7 @@ class Session:
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
         )
         pipeline = SpeculativePipeline(
-            self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started
+            self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step
         )
         return pipeline.run(prompt_ids, max_tokens, control=control)
 
@@ -104,4 +105,18 @@ def check_supported(cfg: DictConfig) -> None:
     message = check_plugins(cfg)  # unknown keys of every plug-in, p_min without a drafter that takes it
     if message:
         raise ConfigError(message)
+    from specpipe.trees.shape import TreeShape
+
+    TreeShape.from_config(cfg.get("tree"))  # a bad tree shape: ConfigError before anything loads
+
+
+def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler):
+    """The tree path's step (specpipe/trees/step.py) when tree != chain, else None (the chain path)."""
+    from specpipe.trees.shape import TreeShape
+    from specpipe.trees.step import TreeStep
+
+    shape = TreeShape.from_config(cfg.get("tree"))
+    if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
+        return None
+    return TreeStep(target, drafter, shape, rollback, sampler)
 

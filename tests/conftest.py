@@ -91,6 +91,16 @@ def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens:
     return final.token_ids, final, events, pipe
 
 
+def run_pipeline(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, stop_ids=None, tree_step=None):
+    """Like `generate` with a tree step (tree != chain): (token ids, RunFinished)."""
+    pipe = SpeculativePipeline(
+        target, drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=tree_step
+    )
+    final = list(pipe.run(prompt_ids, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))[-1]
+    assert isinstance(final, RunFinished)
+    return final.token_ids, final
+
+
 def first_difference(target: Engine, prompt_ids: list[int], expected: list[int], got: list[int]) -> str:
     """Where two greedy outputs part, and the target's top-2 logit margin there."""
     i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))

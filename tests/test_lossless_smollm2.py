@@ -28,3 +28,23 @@ def test_smollm2_greedy_equals_target_alone(smollm2, baseline, kind, k):
     assert final.stop_reason == reason
     if kind == "self":
         assert final.stats.acceptance_rate > 0.95
+
+
+@pytest.mark.parametrize("shape", ["static", "dynamic"])
+@pytest.mark.parametrize("kind", ["ngram", pytest.param("self", marks=pytest.mark.slow)])
+def test_smollm2_tree_greedy_equals_target_alone(smollm2, baseline, kind, shape):
+    """Token trees (tree=static / dynamic) on the real model: same tokens as decoding alone."""
+    from specpipe.rollbacks.trim import TrimRollback
+    from specpipe.trees.shape import TreeShape
+    from specpipe.trees.step import TreeStep
+
+    from conftest import run_pipeline
+
+    prompt, expected, reason = baseline
+    shapes = {"static": TreeShape(kind="static", branching=[4, 2, 1, 1, 1, 1]), "dynamic": TreeShape(kind="dynamic", nodes=16, depth=8, branching=[4] * 8)}
+    drafter = make_drafter(kind, smollm2)
+    step = TreeStep(smollm2, drafter, shapes[shape], TrimRollback())
+    got, final = run_pipeline(smollm2, drafter, prompt, MAX_TOKENS, stop_ids=smollm2.eos_token_ids, tree_step=step)
+    assert got == expected, first_difference(smollm2, prompt, expected, got)
+    assert final.stop_reason == reason
+    assert final.stats.tree_steps > 0

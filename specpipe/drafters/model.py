@@ -88,8 +88,7 @@ class ModelDrafter(DrafterBase):
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft(token_ids=[])
-        states = self._rollback.before_forward(self.cache) if self._rollback is not None else None
-        capture = Capture(states=states) if states is not None else None
+        capture = self.rollback_capture()
         start = self.cached_len
         # Feed what the draft cache has not seen yet (at least the last token) in
         # the first drafting forward: a catch-up over accepted tokens costs no
@@ -105,6 +104,21 @@ class ModelDrafter(DrafterBase):
 
         tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min)
         draft = to_draft(tokens, q_rows, catchup_tokens=len(context_ids) - start - 1)  # accepted tokens fed beside the newest one
-        self.cached_len = start + fed
-        self._fed = (context_ids[start:] + draft.token_ids)[:fed]  # only the short tail: no copy of the whole context
+        self.note_fed(context_ids, start, draft.token_ids, fed)
         return draft
+
+    def rollback_capture(self) -> Capture | None:
+        """Tell the rollback strategy a forward on this drafter's cache may be partly undone; what to record."""
+        states = self._rollback.before_forward(self.cache) if self._rollback is not None else None
+        return Capture(states=states) if states is not None else None
+
+    def note_fed(self, context_ids: list[int], start: int, drafted: list[int], fed: int) -> None:
+        """`fed` ids went into the cache from context position `start` on (the context's tail, then `drafted`)."""
+        self.cached_len = start + fed
+        self._fed = (context_ids[start:] + drafted)[:fed]  # only the short tail: no copy of the whole context
+
+    def propose_tree(self, context_ids: list[int], shape):
+        """A greedy chain with its top-k siblings at each depth (tree != chain; specpipe/trees/)."""
+        from specpipe.trees.drafting import model_candidates
+
+        return model_candidates(self, context_ids, shape.max_depth, shape.width)

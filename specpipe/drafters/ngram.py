@@ -36,6 +36,14 @@ class NgramDrafter(DrafterBase):
         self._extend(context_ids[self._len :])
         return Draft(token_ids=self._lookup(self._len, k))
 
+    def propose_tree(self, context_ids: list[int], shape):
+        """Candidates from every earlier match, deduplicated into a trie (tree != chain; specpipe/trees/)."""
+        from specpipe.trees.drafting import ngram_candidates
+
+        self._extend(context_ids[self._len :])
+        ids = self._ids[max(0, self._len - self.window) : self._len]
+        return ngram_candidates(ids, self.min_n, self.max_n, shape.max_depth)
+
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         """What propose would have said before the last m tokens (a lookup, no state change)."""
         self._extend(context_ids[self._len :])

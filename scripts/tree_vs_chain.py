@@ -1,0 +1,96 @@
+"""Chain vs token trees, A/B in one sitting: SmolLM2 float32 + n-gram on a suite, greedy.
+
+    python scripts/tree_vs_chain.py [--suite code] [--limit 4] [--max-tokens 96] [--repeats 2]
+
+Per prompt and repeat the configurations run in rotating order over one loaded target: plain decoding
+(draft=none), chain K = 8 (today's default fixed budget), and trees (specpipe/trees/). Every output is
+checked equal to plain decoding's. Prints per configuration: tokens per target forward, accepted length
+(1 + accepted / steps), nodes verified per step, and the speed-up over plain as the geometric mean of the
+per-prompt ratios of decode tok/s (the median repeat of each).
+"""
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from specpipe.engine.blas import preload_blas
+
+blas = preload_blas()
+from specpipe.budgets.fixed import FixedBudget  # noqa: E402
+from specpipe.drafters.ngram import NgramDrafter  # noqa: E402
+from specpipe.drafters.none import NoneDrafter  # noqa: E402
+from specpipe.engine.loader import load_engine  # noqa: E402
+from specpipe.pipeline import SpeculativePipeline  # noqa: E402
+from specpipe.rollbacks.trim import TrimRollback  # noqa: E402
+from specpipe.stages.bonus import GreedyBonus  # noqa: E402
+from specpipe.stages.compare import GreedyComparator  # noqa: E402
+from specpipe.trees.shape import TreeShape  # noqa: E402
+from specpipe.trees.step import TreeStep  # noqa: E402
+
+CONFIGS = {
+    "plain": None,
+    "chain K=8": 8,
+    "chain K=16": 16,
+    "static [2,2,1,1,1,1,1,1]": TreeShape(kind="static", branching=[2, 2, 1, 1, 1, 1, 1, 1]),
+    "static [4,2,1,1,1,1,1,1]": TreeShape(kind="static", branching=[4, 2, 1, 1, 1, 1, 1, 1]),
+    "dynamic nodes=8 depth=8": TreeShape(kind="dynamic", nodes=8, depth=8, branching=[4] * 8),
+    "dynamic nodes=16 depth=8": TreeShape(kind="dynamic", nodes=16, depth=8, branching=[4] * 8),
+    "dynamic nodes=32 depth=16": TreeShape(kind="dynamic", nodes=32, depth=16, branching=[4] * 16),
+}
+
+
+def run(target, name, spec, prompt, max_tokens):
+    rollback = TrimRollback()
+    if spec is None:
+        drafter, budget, step = NoneDrafter(), FixedBudget(k=1), None
+    else:
+        drafter = NgramDrafter()
+        budget = FixedBudget(k=spec if isinstance(spec, int) else 8)
+        step = TreeStep(target, drafter, spec, rollback) if isinstance(spec, TreeShape) else None
+    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
+    final = list(pipe.run(prompt, max_tokens, stop_ids=target.eos_token_ids))[-1]
+    return final
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", default="code")
+    ap.add_argument("--limit", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="configuration names to run (plain is always run)")
+    a = ap.parse_args()
+    target = load_engine("smollm2-135m", precision="float32")
+    suite = Path(__file__).resolve().parents[1] / "specpipe" / "suites" / f"{a.suite}.jsonl"
+    prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][: a.limit]
+    names = [n for n in CONFIGS if n == "plain" or not a.only or n in a.only]
+    run(target, "plain", None, target.encode_prompt("warm up", chat=True), 8)
+    rows = {n: [] for n in names}  # per prompt: (tok/s median, tokens/forward, accepted length, nodes/step)
+    for p_i, p in enumerate(prompts):
+        ids = target.encode_prompt(p["prompt"], chat=True)
+        runs = {n: [] for n in names}
+        for r in range(a.repeats):
+            order = names[(p_i + r) % len(names):] + names[: (p_i + r) % len(names)]  # rotate: no config always first
+            for n in order:
+                runs[n].append(run(target, n, CONFIGS[n], ids, a.max_tokens))
+        plain_ids = runs["plain"][0].token_ids
+        for n in names:
+            for f in runs[n]:
+                assert f.token_ids == plain_ids, f"{n} on {p['id']}: output differs from plain decoding"
+            s = [f.stats for f in runs[n]]
+            rows[n].append((statistics.median(x.decode_tok_s for x in s), s[0].tokens_per_forward, s[0].acceptance_length,
+                            s[0].tree_nodes_per_step or (s[0].drafted / s[0].steps if s[0].steps else 0)))
+        print(f"{p['id']}: {len(plain_ids)} tokens; " + ", ".join(f"{n} {rows[n][-1][0]:.1f}" for n in names), flush=True)
+    print(f"\nSmolLM2-135M float32 ({blas.name}) + n-gram, suite {a.suite}, {len(prompts)} prompts, {a.max_tokens} tokens max, "
+          f"{a.repeats} repeats (median), every output == plain decoding's")
+    print("| configuration | tokens / target forward | accepted length | nodes verified / step | speed-up over plain (geo-mean) |")
+    print("|---|---|---|---|---|")
+    for n in names:
+        ratio = math.exp(statistics.mean(math.log(r[0] / b[0]) for r, b in zip(rows[n], rows["plain"])))
+        print(f"| {n} | {statistics.mean(r[1] for r in rows[n]):.2f} | {statistics.mean(r[2] for r in rows[n]):.2f} | "
+              f"{statistics.mean(r[3] for r in rows[n]):.1f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

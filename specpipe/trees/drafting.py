@@ -1,0 +1,105 @@
+"""Drafters' tree proposals: scored candidate trees from the n-gram index
+and from a draft model's top-k, for `TreeShape.select` to cut.
+
+Contract: each function returns a TreeDraft whose candidate scores fall
+from parent to child (shares of n-gram matches, or products of draft
+probabilities), whose first branch is what the drafter's chain `propose`
+would have said (so a tree never verifies less than the chain), and which
+says which of its tokens the drafter's own cache now holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from specpipe.trees.tree import TokenTree
+
+MAX_MATCHES = 64  # earlier n-gram matches read per step
+
+
+@dataclass
+class TreeDraft:
+    candidates: TokenTree
+    cached_tail: list[int] = field(default_factory=list)  # drafted tokens fed into the drafter's cache, in order
+    catchup_tokens: int = 0  # context tokens fed before drafting (model drafters)
+
+
+def ngram_candidates(ids: np.ndarray, min_n: int, max_n: int, depth: int) -> TreeDraft:
+    """A trie of what followed earlier matches of the context's last n ids.
+
+    Every earlier match (longest n first, most recent first) adds its
+    continuation of up to `depth` ids with weight n; the chain's own
+    proposal (the most recent match of the longest n) outweighs all others.
+    A node's score is the weight of the matches through it over the total.
+
+    Example: ids [1, 2, 9, 1, 2, 7, 1, 2], n = 2, depth 1: matches at 0 and 3
+    -> children 7 (chain's, most recent) and 9 of the root.
+    """
+    trie: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    tree, weights, total = TokenTree(), [], 0.0
+    seen: set[int] = set()
+    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
+        suffix = ids[-n:]
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
+        for start in np.flatnonzero((windows == suffix).all(axis=1))[::-1]:
+            cont = ids[start + n : start + n + depth]
+            if start + n in seen or len(cont) == 0:
+                continue  # the same continuation already came from a longer match
+            seen.add(start + n)
+            w = 1000.0 if total == 0 else float(n)
+            total += w
+            parent = -1
+            for tok in cont.tolist():
+                node = trie.get((parent, tok))
+                if node is None:
+                    node = trie[(parent, tok)] = len(tree.tokens)
+                    tree.tokens.append(tok)
+                    tree.parents.append(parent)
+                    weights.append(0.0)
+                weights[node] += w
+                parent = node
+            if len(seen) >= MAX_MATCHES:
+                break
+        if len(seen) >= MAX_MATCHES:
+            break
+    tree.scores = [w / total for w in weights]
+    return TreeDraft(candidates=tree)
+
+
+def model_candidates(drafter, context_ids: list[int], depth: int, width: int) -> TreeDraft:
+    """A greedy chain of `depth` draft tokens, each with its `width - 1` best siblings as leaves.
+
+    Scores are products of draft probabilities along the path. The chain
+    costs the same forwards as `propose(context, depth)`; siblings are free
+    (read from the same logits). The draft cache ends holding the context
+    and the chain's first depth - 1 tokens, as after `propose`.
+    """
+    engine, cache = drafter.engine, drafter.cache
+    capture = drafter.rollback_capture()  # the drafter rolls its own cache back afterwards, as after propose
+    start = drafter.cached_len
+    y = mx.array(context_ids[start:], dtype=mx.uint32)
+    fed = len(context_ids) - start
+    catchup = fed - 1
+    tops, probs = [], []
+    for i in range(depth):
+        logits = engine.forward(y, cache, capture=capture).logits[-1]
+        drafter.forwards += 1
+        fed += i > 0
+        p = mx.softmax(logits, axis=-1)
+        top = mx.argsort(-p)[:width]  # top[0] is the argmax: the chain's token
+        tops.append(top)
+        probs.append(p[top])
+        y = top[:1].astype(mx.uint32)
+    mx.eval(tops, probs)
+    tree, parent, path_p = TokenTree(), -1, 1.0
+    chain = []
+    for top, p in zip(tops, probs):
+        nodes = [tree.add(int(t), parent, path_p * float(q)) for t, q in zip(top.tolist(), p.tolist())]
+        path_p *= float(p[0].item())
+        parent = nodes[0]
+        chain.append(int(top[0].item()))
+    drafter.note_fed(context_ids, start, chain[:-1], fed)
+    return TreeDraft(candidates=tree, cached_tail=chain[:-1], catchup_tokens=catchup)

@@ -1,0 +1,142 @@
+"""One target forward over a flattened token tree (route a in docs/benchmarks.md).
+
+Contract: `tree_forward(model, cache, root_id, tree)` feeds [root, *nodes]
+after the cache's context and returns [n + 1, vocab] float32 logits, row 0
+for the root, row i + 1 for node i. Each node attends to the context, the
+root and its own ancestors only, and is rotated at position
+`offset + depth`, so its logits equal those of a plain forward along its
+own path. The cache then holds all n + 1 positions; `keep_path` compacts it.
+
+How, without patching mlx-lm: mlx-lm attention asks `cache.make_mask(N)`
+for its mask and calls `self.rope(x, offset=cache.offset)`. For this one
+forward the cache entries are wrapped (`_TreeMaskCache` returns the
+ancestor mask) and each attention layer's `rope` child is replaced on that
+instance by `_TreeRope` (rotates each token at its own position), then put
+back. Only plain KVCache layers are supported (`tree_refusal`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from specpipe.trees.tree import TokenTree
+
+
+# Families whose attention reads positions only through `rope(x, offset=cache.offset)` and whose mask comes
+# from `cache.make_mask`: checked against plain forwards in tests/test_trees.py. Others may use the offset
+# elsewhere (attention temperature by position, sliding windows) and are refused rather than trusted.
+TREE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> str | None:
+    """One line naming tree=chain when the model cannot verify a tree: a cache layer that cannot
+    hold one (recurrent, rotating, quantized), an untested family, or no `rope` child to position nodes."""
+    kinds = sorted({type(c).__name__ for c in cache if type(c) is not KVCache})
+    if kinds:
+        return (
+            f"tree verification needs attention-only KV caches, but {model_name} has {', '.join(kinds)} layers "
+            "(recurrent, sliding-window or quantized): use tree=chain with this model"
+        )
+    if arch not in TREE_ARCHS:
+        return f"tree verification is checked for {' / '.join(TREE_ARCHS)} attention; {model_name} is {arch}: use tree=chain"
+    if not _rope_owners(model):
+        return f"tree verification positions nodes through each attention layer's rope, which {model_name} lacks: use tree=chain"
+    return None
+
+
+def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree) -> mx.array:
+    """Logits for the root and every node of `tree`.
+
+    Args:
+        model: an mlx-lm model whose attention layers own a `rope` child.
+        cache: the target cache (plain KVCache layers), extended in place by n + 1.
+        root_id: the newest context token (not yet in the cache).
+        tree: the draft nodes.
+
+    Returns:
+        [n + 1, vocab] float32 logits (lazy).
+    """
+    offset = cache[0].offset
+    ids = mx.array([root_id, *tree.tokens], dtype=mx.uint32)[None]
+    if tree.parents == list(range(-1, len(tree) - 1)):
+        # a single branch (an n-gram with one match, a pruned tree): the plain causal forward, no wrappers
+        return model(ids, cache=cache)[0].astype(mx.float32)
+    positions = mx.array([offset] + [offset + d for d in tree.depths()], dtype=mx.int32)
+    allowed = mx.array(tree.ancestor_mask())  # [n + 1, n + 1]
+    mask = mx.concatenate([mx.ones((len(tree) + 1, offset), dtype=mx.bool_), allowed], axis=1)
+    wrapped = [_TreeMaskCache(c, mask) for c in cache]
+    with _ropes_at(model, positions):
+        logits = model(ids, cache=wrapped)
+    return logits[0].astype(mx.float32)
+
+
+def keep_path(cache: list, start: int, kept_rows: list[int]) -> None:
+    """Keep only the fed rows `kept_rows` (root first, then the accepted path) after `start`.
+
+    Example: start 100, fed [root, a, b, c] with accepted path b -> kept_rows
+    [0, 2]: positions 100 and 102 move to 100 and 101, offset becomes 102.
+    """
+    contiguous = kept_rows == list(range(len(kept_rows)))
+    for c in cache:
+        if not contiguous:
+            src = mx.array([start + r for r in kept_rows])
+            end = start + len(kept_rows)
+            c.keys[..., start:end, :] = c.keys[..., src, :]
+            c.values[..., start:end, :] = c.values[..., src, :]
+        c.offset = start + len(kept_rows)
+
+
+# ---------------------------------------------------------------- wrappers
+
+
+class _TreeMaskCache:
+    """A KVCache seen through a tree mask: same storage, same offset, this forward's mask."""
+
+    def __init__(self, inner: KVCache, mask: mx.array):
+        self._inner, self._mask = inner, mask
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        return self._mask
+
+    def __getattr__(self, name):  # offset, update_and_fetch, keys, state, ...
+        return getattr(self._inner, name)
+
+
+class _TreeRope(nn.Module):
+    """Rotates token t of a [B, H, L, D] input at `positions[t]` instead of offset + t."""
+
+    def __init__(self, inner: nn.Module, positions: mx.array):
+        super().__init__()
+        self.inner = inner
+        self._positions = positions
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        # mlx's rope takes one offset per batch row: make each token its own row
+        b, h, l, d = x.shape
+        rows = x.transpose(0, 2, 1, 3).reshape(b * l, h, 1, d)
+        out = self.inner(rows, offset=mx.tile(self._positions, b))
+        return out.reshape(b, l, h, d).transpose(0, 2, 1, 3)
+
+
+@contextmanager
+def _ropes_at(model: nn.Module, positions: mx.array) -> Iterator[None]:
+    """Swap every attention layer's `rope` child for a _TreeRope on this model instance, and back."""
+    owners = _rope_owners(model)
+    originals = [m["rope"] for m in owners]
+    try:
+        for m, rope in zip(owners, originals):
+            m["rope"] = _TreeRope(rope, positions)  # this instance's child only; the class is untouched
+        yield
+    finally:
+        for m, rope in zip(owners, originals):
+            m["rope"] = rope
+
+
+def _rope_owners(model: nn.Module) -> list[nn.Module]:
+    """The modules (attention layers) that hold a `rope` child module."""
+    return [m for _, m in model.named_modules() if isinstance(m.get("rope"), nn.Module)]

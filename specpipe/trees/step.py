@@ -1,0 +1,108 @@
+"""One tree step for the pipeline: draft a token tree, verify it in one
+target forward, pick the accepted path, compact both caches.
+
+Contract: `TreeStep.run(step, clock, context, last_id, cache, room)` yields
+the step's Drafted, Verified and RolledBack events and leaves `new_ids`
+(accepted path + the target's next token) and `accepted` for the pipeline,
+which emits them as for a chain. Afterwards the target cache holds the
+context plus the accepted path (a plain sequence: the pipeline's cache
+invariant), and a model drafter's cache holds no token off that path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from specpipe.errors import SpecpipeError
+from specpipe.events import Drafted, RolledBack, Verified
+from specpipe.trees.drafting import TreeDraft
+from specpipe.trees.forward import keep_path, tree_forward, tree_refusal
+from specpipe.trees.shape import TreeShape
+from specpipe.trees.tree import TokenTree
+from specpipe.trees.verify import pick_path, pick_path_sampled
+
+
+class TreeStep:
+    def __init__(self, target, drafter, shape: TreeShape, rollback, sampler=None):
+        """Refuses (SpecpipeError, one line naming tree=chain) targets or drafters that cannot do trees."""
+        refusal = tree_refusal(target.model, target.make_cache(), target.info.name, target.info.arch)
+        if refusal:
+            raise SpecpipeError(refusal)
+        if not hasattr(drafter, "propose_tree"):
+            raise SpecpipeError(f"draft={drafter.name} cannot propose token trees: use tree=chain, or draft=ngram / model")
+        self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
+        self.sampler = sampler if sampler is not None and not sampler.greedy else None  # None: greedy
+        self.new_ids: list[int] = []
+        self.accepted = 0
+
+    def run(self, step: int, clock, context: list[int], last_id: int, cache: list, room: int):
+        drafter = self.drafter
+        # ---- draft: scored candidates, cut to the shape and to the tokens still wanted
+        s = time.perf_counter()
+        f0 = drafter.forwards
+        draft: TreeDraft = drafter.propose_tree(context, self.shape) if room > 0 else TreeDraft(TokenTree())
+        tree = prune_depth(self.shape.select(draft.candidates), room)
+        draft_s = time.perf_counter() - s
+        forwards = drafter.forwards - f0
+        yield Drafted(
+            t=clock(), step=step, k=len(tree), draft_ids=list(tree.tokens), tree_parents=list(tree.parents),
+            seconds=draft_s, forwards=forwards, draft_forwards=forwards, catchup_tokens=draft.catchup_tokens,
+        )
+
+        # ---- verify + compare: one forward over [last_id, *nodes], the longest path the target agrees with
+        s = time.perf_counter()
+        start = cache[0].offset
+        logits = tree_forward(self.target.model, cache, last_id, tree)
+        verdict = self._compare(tree, logits)
+        path_ids = [tree.tokens[i] for i in verdict.path]
+        on_path = set(verdict.path)
+        verify_s = time.perf_counter() - s
+        yield Verified(
+            t=clock(), step=step, accepted_ids=path_ids,
+            rejected_ids=[t for i, t in enumerate(tree.tokens) if i not in on_path],
+            recovered_id=None if verdict.bonus else verdict.next_id, bonus_id=verdict.next_id if verdict.bonus else None,
+            seconds=verify_s, accepted_path=verdict.path, tree_depth=max(tree.depths(), default=0),
+        )
+
+        # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
+        s = time.perf_counter()
+        keep_path(cache, start, [0] + [i + 1 for i in verdict.path])
+        draft_drop = 0
+        if drafter.cache is not None:
+            agreed = 0
+            while agreed < min(len(path_ids), len(draft.cached_tail)) and path_ids[agreed] == draft.cached_tail[agreed]:
+                agreed += 1
+            draft_drop = drafter.rollback(len(context) + agreed)  # the drafter rolls its own cache back
+        yield RolledBack(
+            t=clock(), step=step, strategy="tree-compact", target_dropped=len(tree) - len(path_ids),
+            draft_dropped=draft_drop, seconds=time.perf_counter() - s,
+        )
+        self.new_ids, self.accepted = path_ids + [verdict.next_id], len(path_ids)
+
+    def _compare(self, tree: TokenTree, logits: mx.array):
+        """Greedy: the path of argmaxes. Sampling: recursive rejection sampling (verify.py)."""
+        if self.sampler is None:
+            return pick_path(tree, mx.argmax(logits, axis=-1).tolist())
+        sampler = self.sampler
+        probs = sampler.probs(logits)  # [n + 1, vocab], processed as the chain's comparator does
+        return pick_path_sampled(
+            tree,
+            target_probs=lambda row: np.array(probs[row], dtype=np.float64),
+            uniform=lambda: mx.random.uniform(key=sampler.key()).item(),
+            sample=lambda p: int(sampler.sample(mx.array(p, dtype=mx.float32)[None]).item()),
+        )
+
+
+def prune_depth(tree: TokenTree, max_depth: int) -> TokenTree:
+    """The nodes no deeper than `max_depth` (parents come first, so indices only shift)."""
+    depths = tree.depths()
+    if all(d <= max_depth for d in depths):
+        return tree
+    out, index = TokenTree(), dict[int, int]()
+    for i, (tok, parent) in enumerate(zip(tree.tokens, tree.parents)):
+        if depths[i] <= max_depth:
+            index[i] = out.add(tok, index[parent] if parent >= 0 else -1, tree.scores[i])
+    return out

@@ -1,0 +1,330 @@
+"""Token trees (specpipe/trees/): the tree forward equals plain forwards
+along each path, greedy tree output equals the target decoding alone
+(draft=none) for every shape x drafter x architecture, events carry the
+tree, and targets that cannot hold a tree are refused in one line."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
+from specpipe.budgets.fixed import FixedBudget
+from specpipe.errors import SpecpipeError
+from specpipe.events import Drafted, Verified
+from specpipe.pipeline import SpeculativePipeline
+from specpipe.rollbacks.trim import TrimRollback
+from specpipe.stages.bonus import GreedyBonus
+from specpipe.stages.compare import GreedyComparator
+from specpipe.trees.drafting import ngram_candidates
+from specpipe.trees.forward import keep_path, tree_forward
+from specpipe.trees.shape import TreeShape
+from specpipe.trees.step import TreeStep
+from specpipe.trees.tree import TokenTree, select_dynamic, select_static
+from specpipe.trees.verify import pick_path, pick_path_sampled
+
+ARCHS = ["llama", "qwen2", "qwen3"]
+MAX_TOKENS = 40
+SHAPES = {
+    "static": TreeShape(kind="static", branching=[3, 2, 1, 1]),
+    "dynamic": TreeShape(kind="dynamic", nodes=12, depth=6, branching=[3] * 6),
+}
+
+
+def sample_tree() -> TokenTree:
+    #  r ── 5 ── 7
+    #  │    └─── 9 ── 11
+    #  └─── 4
+    t = TokenTree()
+    a = t.add(5, -1)
+    t.add(7, a)
+    c = t.add(9, a)
+    t.add(4, -1)
+    t.add(11, c)
+    return t
+
+
+# ---------------------------------------------------------------- pure tree logic
+
+
+def test_dedup_depths_paths_and_mask():
+    t = sample_tree()
+    assert t.add(9, 0) == 2  # an existing child is not added twice
+    assert t.depths() == [1, 2, 2, 1, 3]
+    assert t.path_to(4) == [0, 2, 4]
+    m = t.ancestor_mask()
+    assert m[5].tolist() == [True, True, False, True, False, True]  # node 4 sees root, 0, 2, itself
+    assert m[4].tolist() == [True, False, False, False, True, False]
+
+
+def test_pick_path_bonus_and_recovered():
+    t = sample_tree()
+    # rows: root, 5, 7, 9, 4, 11
+    assert pick_path(t, [5, 9, 0, 11, 0, 8]).__dict__ == {"path": [0, 2, 4], "next_id": 8, "bonus": True}
+    assert pick_path(t, [5, 3, 0, 0, 0, 0]).__dict__ == {"path": [0], "next_id": 3, "bonus": False}
+    assert pick_path(t, [6, 0, 0, 0, 0, 0]).__dict__ == {"path": [], "next_id": 6, "bonus": False}
+
+
+def test_static_and_dynamic_selection():
+    cand = TokenTree()
+    a = cand.add(1, -1, 0.6)
+    cand.add(2, -1, 0.3)
+    cand.add(3, -1, 0.1)
+    cand.add(4, a, 0.5)
+    cand.add(5, a, 0.05)
+    s = select_static(cand, [2, 1])
+    assert (s.tokens, s.parents) == ([1, 4, 2], [-1, 0, -1])
+    d = select_dynamic(cand, 3)
+    assert sorted(d.tokens) == [1, 2, 4] and d.parents[d.tokens.index(4)] == d.tokens.index(1)
+
+
+def test_ngram_trie_puts_the_chain_first():
+    ids = mx.array([1, 2, 9, 1, 2, 7, 1, 2]).tolist()
+    import numpy as np
+
+    cand = ngram_candidates(np.array(ids), 1, 2, 2).candidates
+    first = cand.children(-1)
+    assert cand.tokens[max(first, key=lambda i: cand.scores[i])] == 7  # the most recent match, as the chain
+    assert set(cand.tokens[i] for i in first) == {7, 9}
+
+
+# ---------------------------------------------------------------- tree forward
+
+
+@pytest.mark.parametrize("arch", ARCHS + ["mistral"])
+def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch):
+    e = tiny(arch)
+    prompt = list(range(3, 30))
+    t = sample_tree()
+    cache = e.make_cache()
+    e.prefill(prompt[:-1], cache)
+    logits = tree_forward(e.model, cache, prompt[-1], t)
+    for node in range(len(t)):
+        ref_cache = e.make_cache()
+        e.prefill(prompt[:-1], ref_cache)
+        ref = e.forward([prompt[-1]] + [t.tokens[i] for i in t.path_to(node)], ref_cache).logits[-1]
+        assert mx.allclose(logits[node + 1], ref, atol=1e-4), (arch, node)
+    keep_path(cache, len(prompt) - 1, [0] + [i + 1 for i in t.path_to(4)])
+    nxt = e.forward([3], cache).logits[-1]
+    ref_cache = e.make_cache()
+    ref = e.forward(prompt + [5, 9, 11, 3], ref_cache).logits[-1]
+    assert mx.allclose(nxt, ref, atol=1e-4)
+    # the rope children were put back: a plain forward is untouched
+    assert all(type(layer.self_attn.rope).__name__ != "_TreeRope" for layer in e.model.layers)
+
+
+# ---------------------------------------------------------------- lossless generation
+
+
+def tree_generate(target, drafter, shape, prompt, max_tokens, stop_ids=None):
+    """(ids, RunFinished, events, pipeline) of a tree run."""
+    rollback = TrimRollback()
+    step = TreeStep(target, drafter, shape, rollback)
+    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
+    events = list(pipe.run(prompt, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))
+    return events[-1].token_ids, events[-1], events, pipe
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def setup(request):
+    target = tiny(request.param)
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt("the cat sat on the mat, the cat sat on the", chat=False)
+    baseline, _, _, _ = generate(target, make_drafter("none", target), 1, prompt, MAX_TOKENS)
+    return target, draft, prompt, baseline
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+def test_tree_greedy_equals_target_alone(setup, kind, shape):
+    target, draft, prompt, baseline = setup
+    got, final, events, pipe = tree_generate(target, make_drafter(kind, target, draft), SHAPES[shape], prompt, MAX_TOKENS)
+    assert got == baseline, first_difference(target, prompt, baseline, got)
+    assert final.stop_reason == "max_tokens"
+    assert pipe.cache[0].offset == len(pipe.context) - 1  # compaction left a plain sequence
+    drafted = [e for e in events if isinstance(e, Drafted)]
+    verified = [e for e in events if isinstance(e, Verified)]
+    assert any(d.tree_parents for d in drafted)
+    for d, v in zip(drafted, verified):
+        assert len(d.tree_parents) == len(d.draft_ids)
+        assert [d.draft_ids[i] for i in v.accepted_path] == v.accepted_ids
+    s = final.stats
+    assert 0 < s.tree_steps <= s.steps and s.tree_nodes_per_step > 0  # steps with no n-gram match verify no tree
+    if kind == "self":  # the target as its own drafter: the whole chain branch is always accepted
+        assert s.tree_path_length >= SHAPES[shape].max_depth - 1
+
+
+def test_tree_stops_at_a_stop_token(setup):
+    target, draft, prompt, baseline = setup
+    stop = baseline[13]
+    expected = baseline[: baseline.index(stop)]
+    got, final, _, _ = tree_generate(target, make_drafter("self", target), SHAPES["static"], prompt, MAX_TOKENS, {stop})
+    assert got == expected and final.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5])
+def test_tree_max_tokens(setup, max_tokens):
+    target, _, prompt, baseline = setup
+    got, _, _, _ = tree_generate(target, make_drafter("self", target), SHAPES["dynamic"], prompt, max_tokens)
+    assert got == baseline[:max_tokens]
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text", "phi3"])  # hybrid recurrent; sliding window; untested family
+def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
+    from specpipe.engine.loader import load_engine
+
+    target = load_engine("tiny-random", precision="float32", arch=arch)
+    with pytest.raises(SpecpipeError) as err:
+        TreeStep(target, make_drafter("ngram", target), SHAPES["static"], TrimRollback())
+    msg = str(err.value)
+    assert "tree=chain" in msg and "\n" not in msg
+
+
+def test_drafter_without_trees_is_refused():
+    target = tiny("llama")
+    with pytest.raises(SpecpipeError, match="tree=chain"):
+        TreeStep(target, make_drafter("none", target), SHAPES["static"], TrimRollback())
+
+
+def test_old_recordings_read_without_tree_fields_and_tree_events_round_trip():
+    import msgspec
+
+    from specpipe.events import Event
+
+    decoder = msgspec.json.Decoder(Event)
+    old = b'{"kind":"verified","t":1.0,"step":1,"accepted_ids":[4],"rejected_ids":[5],"recovered_id":6,"seconds":0.1}'
+    v = decoder.decode(old)
+    assert v.accepted_path == [] and v.tree_depth == 0
+    d = Drafted(t=0.0, step=1, k=3, draft_ids=[5, 7, 4], tree_parents=[-1, 0, -1], seconds=0.1)
+    assert decoder.decode(msgspec.json.encode(d)) == d
+
+
+# ---------------------------------------------------------------- sampling: recursive rejection sampling
+
+
+def _markov_tree(root: int) -> TokenTree:
+    """A fixed tree for each root token: 3 children, two grandchildren under the best one."""
+    t = TokenTree()
+    a = t.add((root + 1) % 6, -1, 0.5)
+    t.add((root + 2) % 6, -1, 0.3)
+    t.add((root + 4) % 6, -1, 0.1)
+    t.add((root + 2) % 6, a, 0.4)
+    t.add((root + 3) % 6, a, 0.05)
+    return t
+
+
+def _two_tokens(P, rng, residual=None):
+    """First two emitted tokens of sampled tree steps over a Markov target P[prev] (root token 0)."""
+    out, root = [], 0
+    while len(out) < 2:
+        tree = _markov_tree(root)
+        rows = [root] + tree.tokens  # the token each fed row follows
+        v = pick_path_sampled(
+            tree, target_probs=lambda row: P[rows[row]].copy(), uniform=rng.random,
+            sample=lambda p: int(rng.choice(len(p), p=p / p.sum())), residual=residual,
+        )
+        step = [tree.tokens[i] for i in v.path] + [v.next_id]
+        out.extend(step)
+        root = step[-1]
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_tree_rejection_sampling_keeps_the_target_distribution(broken):
+    """Joint law of the first two tokens == the target's; a variant that resamples from p
+    itself after a rejection (no residual) is caught."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.full(6, 0.7), size=6)
+    want = P[0][:, None] * P  # P(y1, y2)
+    n = 20000
+    got = np.zeros((6, 6))
+    for _ in range(n):
+        y1, y2 = _two_tokens(P, rng, residual=(lambda p, tok: p) if broken else None)
+        got[y1, y2] += 1
+    tv = 0.5 * np.abs(got / n - want).sum()
+    if broken:
+        assert tv > 0.05, tv
+    else:
+        assert tv < 0.03, tv
+
+
+def test_sampled_tree_run_is_seeded_and_reproducible(setup):
+    from specpipe.sampling import Sampler
+
+    target, _, prompt, _ = setup
+    runs = []
+    for _ in range(2):
+        sampler = Sampler(temperature=0.8, seed=3)
+        step = TreeStep(target, make_drafter("ngram", target), SHAPES["dynamic"], TrimRollback(), sampler)
+        pipe = SpeculativePipeline(target, step.drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=step)
+        runs.append(list(pipe.run(prompt, 24, stop_ids=set()))[-1].token_ids)
+        assert pipe.cache[0].offset == len(pipe.context) - 1
+    assert runs[0] == runs[1] and len(runs[0]) == 24
+
+
+def test_single_branch_tree_takes_the_plain_forward():
+    e = tiny("qwen2")
+    prompt = list(range(3, 20))
+    a, b = e.make_cache(), e.make_cache()
+    e.prefill(prompt[:-1], a)
+    e.prefill(prompt[:-1], b)
+    got = tree_forward(e.model, a, prompt[-1], TokenTree.chain([5, 6, 7]))
+    want = e.forward([prompt[-1], 5, 6, 7], b).logits
+    assert mx.array_equal(got, want) and a[0].offset == b[0].offset
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_layerskip_drafts_trees_through_the_model_drafter(setup, shape):
+    from specpipe.drafters.layerskip import LayerSkipDrafter
+
+    target, _, prompt, baseline = setup
+    got, final, _, _ = tree_generate(target, LayerSkipDrafter(target, depth=1), SHAPES[shape], prompt, MAX_TOKENS)
+    assert got == baseline, first_difference(target, prompt, baseline, got)
+    assert final.stats.tree_steps > 0
+
+
+def test_tree_events_read_in_the_tui_transcript_and_figures(setup):
+    """The TUI consumes tree steps like chain steps: its answer is the run's text, its figures count them."""
+    from tui.figures import Figures
+    from tui.transcript import AnswerTranscript
+
+    target, _, prompt, _ = setup
+    _, final, events, _ = tree_generate(target, make_drafter("ngram", target), SHAPES["dynamic"], prompt, 24)
+    transcript, figures = AnswerTranscript(), Figures()
+    for event in events:
+        transcript.consume(event)
+        figures.consume(event)
+    assert transcript.text == final.text
+    assert len(transcript.steps) == final.stats.steps
+    assert dict(figures.rows())["tok/forward"] == f"{final.stats.tokens_per_forward:.2f}"
+
+
+# ---------------------------------------------------------------- the `tree` group through Hydra and Session
+
+
+def _compose(overrides):
+    from hydra import compose, initialize
+
+    import specpipe.config  # noqa: F401  (registers the schemas)
+
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_tree_group_builds_a_tree_step_and_refuses_before_loading():
+    from specpipe.errors import ConfigError
+    from specpipe.session import Session
+
+    session = Session(_compose(["model=tiny-random", "tree=dynamic", "tree.nodes=8"]))
+    assert session.tree_step is not None and session.tree_step.shape.nodes == 8
+    assert Session(_compose(["model=tiny-random"])).tree_step is None  # tree=chain: the chain path
+    with pytest.raises(ConfigError, match="at most 64"):
+        Session(_compose(["model.name=no-such-model", "tree=static", "tree.branching=[8,8,2]"]))
+    with pytest.raises(SpecpipeError, match="use tree=chain") as err:
+        Session(_compose(["model=tiny-random", "model.arch=qwen3_next", "tree=static", "rollback=checkpoint"]))
+    assert "\n" not in str(err.value)
