@@ -45,7 +45,7 @@ class NoneDraftConfig(PluginConfig):
 class NgramDraftConfig(PluginConfig):
     min_n: int = 1
     max_n: int = 4
-    window: int = 4096
+    window: Optional[int] = None  # matches start within the last `window` tokens; None: the whole context
 
 
 @dataclass
