@@ -111,6 +111,12 @@ class PromptConfig:
 
 
 @dataclass
+class PrefillConfig:
+    chunk: int = 512  # prompt positions per prefill forward (activation memory grows with it)
+    progress_tokens: int = 2048  # the CLI draws a progress bar on a terminal for prompts at least this long
+
+
+@dataclass
 class PipelineGroups:
     """The groups every app composes (specpipe, specpipe-bench, specpipe-chat)."""
 
@@ -121,6 +127,8 @@ class PipelineGroups:
     rollback: Any = MISSING
     compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    kv: Any = MISSING  # engine/kv.py: full | quantized | window
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
 
 
 @dataclass
@@ -263,6 +271,35 @@ def register_drafters_extra() -> None:
 
 
 register_drafters_extra()
+
+
+# ---------------------------------------------------------------- KV cache policies (kv=...)
+
+
+@dataclass
+class FullKvConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class QuantizedKvConfig(PluginConfig):
+    bits: int = 8  # 4 | 8
+    group_size: int = 64  # 32 | 64 | 128: must divide the model's head size
+
+
+@dataclass
+class WindowKvConfig(PluginConfig):
+    size: int = 4096  # each position attends to the last `size` positions
+
+
+def register_kv() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="schema/kv", name="full", node=FullKvConfig)
+    cs.store(group="schema/kv", name="quantized", node=QuantizedKvConfig)
+    cs.store(group="schema/kv", name="window", node=WindowKvConfig)
+
+
+register_kv()
 
 
 # ---------------------------------------------------------------- --help

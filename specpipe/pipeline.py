@@ -18,7 +18,8 @@ from typing import Iterator
 import mlx.core as mx
 import msgspec
 
-from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
+from specpipe.engine.kv import kv_figures
+from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, PrefillProgress, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 from specpipe.stages.compare import first_false
 from specpipe.stages.draft import Draft
@@ -66,6 +67,7 @@ class SpeculativePipeline:
             stats = msgspec.structs.replace(
                 collector.stats(peak_memory_bytes=mx.get_peak_memory(), wall_s=clock()),
                 rollback_strategy=self.rollback.name,
+                **kv_figures(self.cache),
                 rollback_peak_bytes=getattr(self.rollback, "peak_bytes", 0),
                 rollback_time_s=getattr(self.rollback, "time_s", 0.0),
                 recompute_tokens=getattr(self.rollback, "recompute_tokens", 0),
@@ -79,9 +81,15 @@ class SpeculativePipeline:
         try:
             # ---- prefill: both caches see the prompt, except its last token
             cache = self.cache = self.target.make_cache()
-            self.target.prefill(context[:-1], cache)
+            s = time.perf_counter()
+            for done in self.target.prefill_steps(context[:-1], cache):
+                if len(context) - 1 > self.target.prefill_chunk:  # a long prompt: say how far it got
+                    yield emit(PrefillProgress(t=clock(), tokens=done, total=len(context) - 1))
+            target_s, s = time.perf_counter() - s, time.perf_counter()
             self.drafter.prefill(context)
-            yield emit(PrefillDone(t=clock(), tokens=len(context), seconds=clock()))
+            yield emit(PrefillDone(
+                t=clock(), tokens=len(context), seconds=clock(), target_seconds=target_s, draft_seconds=time.perf_counter() - s,
+            ))
             last_id, step, reason = context[-1], 0, "max_tokens"
 
             while len(output) < max_tokens:

@@ -7,13 +7,15 @@ GGUF files; loaders (engine/loader.py) build it, stages only call it.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from specpipe.events import ModelInfo
 
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
 
 
 class Engine:
@@ -29,14 +31,16 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
+        self.prefill_chunk = PREFILL_CHUNK
+        self.kv = None  # a KV cache policy (engine/kv.py, kv=...); None: the model's own caches
 
     @property
     def eos_token_ids(self) -> set[int]:
         return set(self.tokenizer.eos_token_ids or ())
 
     def make_cache(self) -> list:
-        """A fresh per-layer cache (KV for attention, state for recurrent layers)."""
-        return make_prompt_cache(self.model)
+        """A fresh per-layer cache (KV for attention, state for recurrent layers), as `kv` chooses."""
+        return self.kv.make_cache(self.model) if self.kv is not None else make_prompt_cache(self.model)
 
     def forward(self, token_ids: mx.array, cache: list) -> mx.array:
         """Run the model over `token_ids` appended to `cache`.
@@ -55,10 +59,20 @@ class Engine:
 
     def prefill(self, token_ids: list[int], cache: list) -> None:
         """Feed a prompt in chunks, evaluating as it goes to bound memory."""
-        for start in range(0, len(token_ids), PREFILL_CHUNK):
-            chunk = mx.array(token_ids[start : start + PREFILL_CHUNK], dtype=mx.uint32)
+        for _ in self.prefill_steps(token_ids, cache):
+            pass
+
+    def prefill_steps(self, token_ids: list[int], cache: list) -> Iterator[int]:
+        """`prefill`, yielding the count of prompt tokens in the cache after each chunk (progress).
+
+        Each chunk is evaluated before the next is built: activations stay one
+        chunk big, whatever the prompt length.
+        """
+        for start in range(0, len(token_ids), self.prefill_chunk):
+            chunk = mx.array(token_ids[start : start + self.prefill_chunk], dtype=mx.uint32)
             self.model(chunk[None], cache=cache)
             mx.eval([c.state for c in cache])
+            yield min(start + self.prefill_chunk, len(token_ids))
 
     def encode_prompt(self, text: str, chat: bool, system: str | None = None) -> list[int]:
         """Token ids for `text`, through the chat template when asked and available."""
