@@ -84,6 +84,22 @@ def test_packaged_suites():
     assert len(load_suite("code", limit=3)) == 3
 
 
+def test_longctx_suites_quote_their_document():
+    """Every question's answer is a paragraph of the prompt's own document; sizes grow 1k -> 32k."""
+    import json
+    from importlib import resources
+
+    for name, labels in (("longctx", ["1k", "4k", "8k"]), ("longctx-32k", ["16k", "32k"])):
+        rows = [json.loads(line) for line in (resources.files("specpipe.suites") / f"{name}.jsonl").read_text().splitlines()]
+        assert [p["id"] for p in load_suite(name)] == [r["id"] for r in rows]
+        assert sorted({r["id"].split("-")[1] for r in rows}, key=labels.index) == labels
+        for row in rows:
+            document, question = row["prompt"].rsplit("Question:", 1)
+            assert row["answer"] in document and " ".join(row["answer"].split()[:8]) in question
+    sizes = {r["id"]: len(r["prompt"]) for r in map(json.loads, (resources.files("specpipe.suites") / "longctx.jsonl").read_text().splitlines())}
+    assert sizes["longctx-1k-early"] * 6 < sizes["longctx-8k-early"]
+
+
 # ---------------------------------------------------------------- end to end
 
 
