@@ -25,7 +25,7 @@ WARMUP_TOKENS = 8
 NONE_DRAFT = {"_target_": "specpipe.drafters.none.NoneDrafter", "_partial_": True, "name": "none"}
 # The baseline drafts nothing, so its budget only has to exist: a fixed one skips any calibration.
 BASELINE_BUDGET = {"_target_": "specpipe.budgets.fixed.FixedBudget", "_partial_": True, "name": "fixed", "k": 1}
-SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "max_tokens")
+SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "kv", "prefill", "max_tokens")
 
 _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one process, so load once
 
@@ -135,7 +135,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     }
 
     def encode(prompt: dict) -> list[int]:
-        return spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+        ids = spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+        spec.target.check_prompt_fits(len(ids))  # e.g. suite=longctx-32k on SmolLM2: one line, before any prefill
+        return ids
 
     anchor_ks = sorted(set(cfg.anchor_ks or [k])) if anchor_draft is not None else []
 

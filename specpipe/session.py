@@ -78,6 +78,8 @@ class Session:
         if not ids:
             raise SpecpipeError("the prompt is empty: give a prompt, e.g. prompt.text='Hello'")
         self.target.check_prompt_fits(len(ids))
+        if self.draft_info is not None:  # a draft model with a shorter context would fail mid-prefill
+            self.drafter.engine.check_prompt_fits(len(ids))
         return ids
 
     def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Iterator[Event]:

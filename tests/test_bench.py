@@ -209,6 +209,8 @@ def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
     [(["suite=bogus"], "unknown option suite=bogus"), (["nope=1"], "unknown config key"),
      (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist"),
      (["model=tiny-random", "repeats=0"], "repeats=0"),
+     (["model=tiny-random", "suite=longctx-32k", "limit=1"], "context is 4096 tokens"),  # before any prefill
+     (["model=tiny-random", "kv=quantized", "kv.bits=3"], "kv.bits=3"),
      # a sweep whose second job is bad fails before the first job runs, naming the job
      (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'")],
 )
