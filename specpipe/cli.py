@@ -361,7 +361,7 @@ def summary_line(result) -> str:
 
 
 def _draft_prefill(s) -> str:
-    return f", draft model {s.draft_prefill_s:.2f}s" if s.draft_prefill_s >= 0.005 else ""
+    return f", drafter {s.draft_prefill_s:.2f}s" if s.draft_prefill_s >= 0.005 else ""  # a draft model's own prefill
 
 
 if __name__ == "__main__":
