@@ -22,7 +22,7 @@ from specpipe.cli.shell import Stopped, hydra_main
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
-SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "tree", "max_tokens")
+SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "tree", "kv", "prefill", "max_tokens")
 
 _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one process, so load once
 
@@ -115,7 +115,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     }
 
     def encode(prompt: dict) -> list[int]:
-        return spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+        ids = spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+        spec.target.check_prompt_fits(len(ids))  # e.g. suite=longctx-32k on SmolLM2: one line, before any prefill
+        return ids
 
     anchor_ks = sorted(set(cfg.anchor_ks or [k])) if anchor_draft is not None else []
 

@@ -47,7 +47,7 @@ class NoneDraftConfig(PluginConfig):
 class NgramDraftConfig(PluginConfig):
     min_n: int = MISSING
     max_n: int = MISSING
-    window: int = MISSING
+    window: Optional[int] = MISSING  # matches start within the last `window` tokens; None: the whole context
 
 
 @dataclass
@@ -130,6 +130,12 @@ class DynamicTreeConfig(ChainTreeConfig):
 
 
 @dataclass
+class PrefillConfig:
+    chunk: int = MISSING  # prompt positions per prefill forward (activation memory grows with it)
+    progress_tokens: int = MISSING  # the CLI draws a progress bar on a terminal for prompts at least this long
+
+
+@dataclass
 class PipelineGroups:
     """The groups every app composes (specpipe, specpipe-bench, specpipe-chat)."""
 
@@ -141,6 +147,8 @@ class PipelineGroups:
     compare: Any = MISSING
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tree: Any = MISSING
+    kv: Any = MISSING  # engine/kv.py: full | quantized | window
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
 
 
 @dataclass
@@ -286,6 +294,35 @@ def register_drafters_extra() -> None:
 
 
 register_drafters_extra()
+
+
+# ---------------------------------------------------------------- KV cache policies (kv=...)
+
+
+@dataclass
+class FullKvConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class QuantizedKvConfig(PluginConfig):
+    bits: int = MISSING  # 4 | 8
+    group_size: int = MISSING  # 32 | 64 | 128: must divide the model's head size
+
+
+@dataclass
+class WindowKvConfig(PluginConfig):
+    size: int = MISSING  # each position attends to the last `size` positions
+
+
+def register_kv() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="schema/kv", name="full", node=FullKvConfig)
+    cs.store(group="schema/kv", name="quantized", node=QuantizedKvConfig)
+    cs.store(group="schema/kv", name="window", node=WindowKvConfig)
+
+
+register_kv()
 
 
 # ---------------------------------------------------------------- --help

@@ -50,9 +50,22 @@ class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy read
     config_yaml: str = ""
 
 
+class PrefillProgress(Base, frozen=True, kw_only=True):
+    """A prompt longer than one prefill chunk: `tokens` of `total` are in the target cache."""
+
+    tokens: int
+    total: int
+
+
 class PrefillDone(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
+    """The prompt is in every cache. `seconds` is the whole prefill (the part of TTFT before the
+    first step); `target_seconds` and `draft_seconds` split it between the target's cache and the
+    drafter's (a draft model's own prefill). Recordings made before the split have 0.0 there."""
+
     tokens: int
     seconds: float
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
 
 
 class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,7 +180,11 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     acceptance_by_position: list[float] = []  # acceptance rate at draft positions 1..K
     expected_acceptance: float = 0.0  # mean Σ min(p, q) over verified positions (sampling only)
     tokens_per_forward: float = 0.0
-    prefill_tok_s: float = 0.0
+    prefill_tok_s: float = 0.0  # prompt tokens / the target's prefill seconds (the draft model's prefill apart)
+    prefill_s: float = 0.0  # the whole prefill: target + drafter
+    draft_prefill_s: float = 0.0  # the drafter's share of prefill_s (a draft model's own cache)
+    kv_bytes: int = 0  # the target's KV cache at the end of the run (kv=full | quantized | window)
+    kv_bytes_per_token: float = 0.0  # kv_bytes / positions in that cache
     decode_tok_s: float = 0.0
     ttft_s: float = 0.0
     wall_s: float = 0.0
@@ -203,9 +220,9 @@ class RunError(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads 
     message: str
 
 
-Event = Union[RunStarted, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError]
+Event = Union[RunStarted, PrefillProgress, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError]
 
-EVENT_TYPES = (RunStarted, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError)
+EVENT_TYPES = (RunStarted, PrefillProgress, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError)
 
 
 class EventWriter:

@@ -34,6 +34,8 @@ class StatsCollector:
     def __init__(self) -> None:
         self.prompt_tokens = 0
         self.prefill_s = 0.0
+        self.target_prefill_s = 0.0
+        self.draft_prefill_s = 0.0
         self.steps = 0
         self.drafted = 0
         self.accepted = 0
@@ -59,6 +61,9 @@ class StatsCollector:
             self.prompt_tokens = len(event.prompt_ids)
         elif isinstance(event, PrefillDone):
             self.prefill_s = event.seconds
+            self.prompt_tokens = self.prompt_tokens or event.tokens  # a pipeline run without RunStarted
+            self.target_prefill_s = event.target_seconds or event.seconds  # older recordings: no split
+            self.draft_prefill_s = event.draft_seconds
             self._prefill_end_t = event.t
             self._last_emit_t = event.t
         elif isinstance(event, Drafted):
@@ -118,7 +123,9 @@ class StatsCollector:
             acceptance_by_position=[a / d for a, d in zip(self.position_accepted, self.position_drafted)],
             expected_acceptance=sum(self._overlap) / len(self._overlap) if self._overlap else 0.0,
             tokens_per_forward=generated / self.steps if self.steps else 0.0,
-            prefill_tok_s=self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0,
+            prefill_tok_s=self.prompt_tokens / self.target_prefill_s if self.target_prefill_s else 0.0,
+            prefill_s=self.prefill_s,
+            draft_prefill_s=self.draft_prefill_s,
             decode_tok_s=generated / decode_s if decode_s > 0 else 0.0,
             ttft_s=self._first_emit_t or 0.0,
             wall_s=wall_s,

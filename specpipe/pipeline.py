@@ -20,7 +20,8 @@ import mlx.core as mx
 import msgspec
 
 from specpipe.engine.engine import Capture
-from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, RunStarted, Verified
+from specpipe.engine.kv import kv_figures
+from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, PrefillProgress, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.stages.compare import first_false
@@ -72,6 +73,7 @@ class SpeculativePipeline:
             stats = msgspec.structs.replace(
                 collector.stats(peak_memory_bytes=mx.get_peak_memory(), wall_s=clock()),
                 rollback_strategy=self.rollback.name,
+                **kv_figures(self.cache),
                 rollback_peak_bytes=self.rollback.peak_bytes,
                 rollback_time_s=self.rollback.time_s,
                 recompute_tokens=self.rollback.recompute_tokens,
@@ -87,11 +89,20 @@ class SpeculativePipeline:
             cache = self.cache = self.target.make_cache()
             self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
             wants_hidden = self.drafter.needs_hidden  # an MTP head reads the target's hidden states
-            hidden = self.target.prefill(context[:-1], cache, capture=Capture(hidden=True) if wants_hidden else None)
+            hidden_rows: list = []
+            s = time.perf_counter()
+            prefill_capture = Capture(hidden=True) if wants_hidden else None
+            for done in self.target.prefill_steps(context[:-1], cache, prefill_capture, hidden_rows):
+                if len(context) - 1 > self.target.prefill_chunk:  # a long prompt: say how far it got
+                    yield emit(PrefillProgress(t=clock(), tokens=done, total=len(context) - 1))
+            target_s, s = time.perf_counter() - s, time.perf_counter()
             self.drafter.prefill(context)
             if wants_hidden:
+                hidden = (mx.concatenate(hidden_rows) if len(hidden_rows) != 1 else hidden_rows[0]) if hidden_rows else None
                 self.drafter.observe_hidden(0, context[:-1], hidden)
-            yield emit(PrefillDone(t=clock(), tokens=len(context), seconds=clock()))
+            yield emit(PrefillDone(
+                t=clock(), tokens=len(context), seconds=clock(), target_seconds=target_s, draft_seconds=time.perf_counter() - s,
+            ))
             last_id, step, reason = context[-1], 0, "max_tokens"
 
             while len(output) < max_tokens:

@@ -24,6 +24,7 @@ RUNTIME: dict[str, frozenset[str]] = {
     "budget": frozenset(),
     "rollback": frozenset(),
     "compare": frozenset({"sampler"}),
+    "kv": frozenset(),
 }
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 
@@ -119,7 +120,8 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.drafters.mtp import MtpDrafter
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
-    from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
+    from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV
+    from specpipe.protocols import Bonus, Budget, Comparator, Drafter, KvPolicy, Rollback
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
@@ -132,3 +134,4 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     _ROLLBACKS: tuple[type[Rollback], ...] = (TrimRollback, CheckpointRollback, RecomputeRollback, AutoRollback)
     _COMPARATORS: tuple[type[Comparator], ...] = (GreedyComparator, RejectionComparator, MatchComparator)
     _BONUSES: tuple[type[Bonus], ...] = (GreedyBonus, SampledBonus)
+    _KV_POLICIES: tuple[type[KvPolicy], ...] = (FullKV, QuantizedKV, WindowKV)

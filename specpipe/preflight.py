@@ -41,6 +41,9 @@ RANGES = {
     "max_files": (1, None, "read at least one file"),
     "answers": (0, 1, "give the share of answer sequences, 0.0..1.0"),
     "draft.window": (1, None, "look back over at least one token"),
+    "prefill.chunk": (1, None, "feed at least one prompt token per prefill forward (prefill.chunk=512)"),
+    "prefill.progress_tokens": (0, None, "give a prompt length in tokens (0: a bar for every prompt)"),
+    "kv.size": (1, None, "give the window in positions, e.g. kv.size=4096"),
     "draft.depth": (1, None, "draft with at least one layer"),
     "rollback.max_snapshot_mb": (0, None, "give a size in MiB, 0 or more"),
 }
@@ -156,7 +159,7 @@ def _plugins(cfg: DictConfig) -> str | None:
     """Build the model-free plug-ins (budgets, n-gram, none): their constructors check their options."""
     from specpipe.plugins import build_plugin
 
-    for group in ("budget", "draft"):
+    for group in ("budget", "draft", "kv"):
         node = cfg.get(group) if group in cfg else None
         if not isinstance(node, DictConfig) or not str(node.get("_target_", "")).startswith(MODEL_FREE):
             continue

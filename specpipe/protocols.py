@@ -195,3 +195,20 @@ class Bonus(Protocol):
 
     def pick(self, row: mx.array) -> int:
         """`row`: [vocab] logits after the last draft token."""
+
+
+# ---------------------------------------------------------------- KV cache policy
+
+
+class KvPolicy(Protocol):
+    """Which cache each attention layer gets (engine/kv.py: full, quantized, window)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def check(self, engine: Engine) -> None:
+        """Raise SpecpipeError (one line) when `engine`'s model cannot use this policy."""
+
+    def make_cache(self, model: Any) -> list[Any]:
+        """A fresh per-layer cache for `model` under this policy."""
+

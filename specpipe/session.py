@@ -13,6 +13,7 @@ from typing import Generator, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe.engine.kv import FullKV
 from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.plugins import build_plugin, check_plugins
@@ -36,9 +37,11 @@ class Session:
         self.cfg = cfg
         self.budget: Budget = build_plugin(cfg.budget, "budget")  # needs no model: its range checks fail before a load
         self.target = target or load_target(cfg)
+        self.kv = build_plugin(cfg.kv, "kv") if cfg.get("kv") else FullKV()
+        configure_engine(self.target, self.kv, cfg)
 
         def load_draft(name=None, path=None, precision=None):
-            return load_engine(name, path, precision or cfg.quant.precision)
+            return configure_engine(load_engine(name, path, precision or cfg.quant.precision), self.kv, cfg)
 
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed)
@@ -74,6 +77,8 @@ class Session:
         if not ids:
             raise SpecpipeError("the prompt is empty: give a prompt, e.g. prompt.text='Hello'")
         self.target.check_prompt_fits(len(ids))
+        if self.drafter.engine is not None:  # a draft model with a shorter context would fail mid-prefill
+            self.drafter.engine.check_prompt_fits(len(ids))
         return ids
 
     def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Generator[Event, None, None]:
@@ -96,6 +101,15 @@ class Session:
         """e.g. fixed(k=8), adaptive(k=4, k_max=16), confidence(k=16, p_min=0.6), auto(k_max=16)."""
         params = [f"{a}={getattr(self.budget, a)}" for a in self.budget.label_params]
         return f"{self.budget.name}({', '.join(params)})" if params else self.budget.name
+
+
+def configure_engine(engine, kv, cfg: DictConfig):
+    """Give an engine the run's KV cache policy (refused in one line when the model cannot use it)
+    and prefill chunk; returns it."""
+    kv.check(engine)  # before the policy is set: check() looks at the model's own caches
+    engine.kv = kv
+    engine.prefill_chunk = cfg.prefill.chunk if cfg.get("prefill") else engine.prefill_chunk
+    return engine
 
 
 def check_supported(cfg: DictConfig) -> None:

@@ -87,6 +87,22 @@ def test_packaged_suites():
     assert len(load_suite("code", limit=3)) == 3
 
 
+def test_longctx_suites_quote_their_document():
+    """Every question's answer is a paragraph of the prompt's own document; sizes grow 1k -> 32k."""
+    import json
+    from importlib import resources
+
+    for name, labels in (("longctx", ["1k", "4k", "8k"]), ("longctx-32k", ["16k", "32k"])):
+        rows = [json.loads(line) for line in (resources.files("specpipe.suites") / f"{name}.jsonl").read_text().splitlines()]
+        assert [p["id"] for p in load_suite(name)] == [r["id"] for r in rows]
+        assert sorted({r["id"].split("-")[1] for r in rows}, key=labels.index) == labels
+        for row in rows:
+            document, question = row["prompt"].rsplit("Question:", 1)
+            assert row["answer"] in document and " ".join(row["answer"].split()[:8]) in question
+    sizes = {r["id"]: len(r["prompt"]) for r in map(json.loads, (resources.files("specpipe.suites") / "longctx.jsonl").read_text().splitlines())}
+    assert sizes["longctx-1k-early"] * 6 < sizes["longctx-8k-early"]
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -196,6 +212,8 @@ def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
     [(["suite=bogus"], "unknown option suite=bogus"), (["nope=1"], "unknown config key"),
      (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist"),
      (["model=tiny-random", "repeats=0"], "repeats=0"),
+     (["model=tiny-random", "suite=longctx-32k", "limit=1"], "context is 4096 tokens"),  # before any prefill
+     (["model=tiny-random", "kv=quantized", "kv.bits=3"], "kv.bits=3"),
      # a sweep whose second job is bad fails before the first job runs, naming the job
      (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'")],
 )

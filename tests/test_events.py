@@ -14,6 +14,7 @@ from specpipe.metrics import StatsCollector
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     target = tiny("qwen2")
+    target.prefill_chunk = 8  # a prompt of several chunks: PrefillProgress events too
     prompt = target.encode_prompt("one two one two one two", chat=False)
     _, final, events, _ = generate(target, make_drafter("ngram", target), 6, prompt, 40)
     path = tmp_path_factory.mktemp("rec") / "events.jsonl"

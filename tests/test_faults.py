@@ -404,7 +404,10 @@ def test_non_utf8_prompt_bytes_from_the_shell(tmp_path):
 
 NUMERIC_KEYS = {  # every numeric option of the schema, per the option that has it
     "": ["max_tokens", "model.seed", "sampling.temperature", "sampling.top_k", "sampling.top_p", "sampling.min_p",
-         "sampling.seed", "budget.k", "draft.min_n", "draft.max_n", "draft.window"],
+         "sampling.seed", "budget.k", "draft.min_n", "draft.max_n", "draft.window", "prefill.chunk",
+         "prefill.progress_tokens"],
+    "kv=quantized": ["kv.bits", "kv.group_size"],
+    "kv=window": ["kv.size"],
     "budget=adaptive": ["budget.k", "budget.k_min", "budget.k_max"],
     "budget=confidence": ["budget.k", "budget.p_min"],
     "draft=layerskip": ["draft.depth"],

@@ -23,7 +23,7 @@ from specpipe.preflight import check_config
 from specpipe.session import check_supported
 
 PROTOCOLS = {"draft": protocols.Drafter, "budget": protocols.Budget, "rollback": protocols.Rollback,
-             "compare": protocols.Comparator}
+             "compare": protocols.Comparator, "kv": protocols.KvPolicy}
 HYDRA_KEYS = {"defaults", "_target_", "_partial_", "name"}
 
 

@@ -25,7 +25,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
-from specpipe.events import Emitted, EventWriter, PrefillDone, RunError, RunFinished, RunStarted
+from specpipe.events import Emitted, EventWriter, PrefillDone, PrefillProgress, RunError, RunFinished, RunStarted
 from specpipe.pipeline import RunControl
 from tui.figures import Figures
 from tui.messages import EventsArrived, GenerationEnded, GenerationFailed
@@ -197,6 +197,8 @@ class ChatApp(App):
         """The line under an answer: reading the prompt, then the stop reason or error (none after EOS)."""
         if isinstance(event, RunStarted):
             return f"reading the prompt ({len(event.prompt_ids)} tokens)..."
+        if isinstance(event, PrefillProgress):
+            return f"reading the prompt ({event.tokens}/{event.total} tokens)..."
         if isinstance(event, PrefillDone):
             return ""
         if isinstance(event, RunFinished):

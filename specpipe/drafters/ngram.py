@@ -1,15 +1,21 @@
 """`draft=ngram`: prompt lookup. Match the last n tokens of the context
-against earlier context and propose what followed; no model, no memory.
+against earlier context and propose what followed; no model.
 
 Worked example (max_n=2, k=3): context [1, 2, 3, 4, 2, 3]: the suffix
 [2, 3] occurred at index 1, followed by [4, 2, 3] -> propose [4, 2, 3].
 The most recent earlier match wins; longer n are tried first.
+
+The context is searched through an incremental hashed n-gram index
+(ngram_index.py): appending a token and looking up a suffix cost the same at
+1k and at 32k tokens of context. `window` (None: the whole context) limits
+how far back a match may start.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from specpipe.drafters.ngram_index import NgramIndex
 from specpipe.errors import SpecpipeError
 from specpipe.protocols import DrafterBase
 from specpipe.stages.draft import Draft
@@ -19,61 +25,48 @@ class NgramDrafter(DrafterBase):
     name = "ngram"
     supports_hindsight = True
 
-    def __init__(self, min_n: int = 1, max_n: int = 4, window: int = 4096):
+    def __init__(self, min_n: int = 1, max_n: int = 4, window: int | None = None):
         if not 1 <= min_n <= max_n:
             raise SpecpipeError(f"draft.min_n={min_n}, draft.max_n={max_n}: need 1 <= min_n <= max_n")
         self.min_n, self.max_n, self.window = min_n, max_n, window
-        self._ids = np.zeros(1024, dtype=np.int64)
-        self._len = 0
+        self._index = NgramIndex(min_n, max_n)
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        self._len = 0
-        self._extend(prompt_ids)
+        self._index = NgramIndex(self.min_n, self.max_n)
+        self._index.append(prompt_ids)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
-        # The context only grows between steps: append the new tail instead
-        # of copying the whole history every step.
-        self._extend(context_ids[self._len :])
-        return Draft(token_ids=self._lookup(self._len, k))
+        self._sync(context_ids)
+        return Draft(token_ids=self._lookup(len(self._index), k))
 
     def propose_tree(self, context_ids: list[int], shape):
         """Candidates from every earlier match, deduplicated into a trie (tree != chain; specpipe/trees/)."""
         from specpipe.trees.drafting import ngram_candidates
 
-        self._extend(context_ids[self._len :])
-        ids = self._ids[max(0, self._len - self.window) : self._len]
-        return ngram_candidates(ids, self.min_n, self.max_n, shape.max_depth)
+        self._sync(context_ids)
+        ids = self._index.ids
+        start = max(0, len(ids) - self.window) if self.window else 0
+        return ngram_candidates(np.asarray(ids[start:], dtype=np.int64), self.min_n, self.max_n, shape.max_depth)
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         """What propose would have said before the last m tokens (a lookup, no state change)."""
-        self._extend(context_ids[self._len :])
-        return self._lookup(self._len - m, m)
+        self._sync(context_ids)
+        return self._lookup(len(self._index) - m, m)
+
+    def _sync(self, context_ids: list[int]) -> None:
+        """Bring the index to `context_ids`: the context only grows between steps, so only
+        its new tail is indexed; a shorter context (a caller that rolled back) is truncated."""
+        if len(context_ids) < len(self._index):
+            self._index.truncate(len(context_ids))
+        self._index.append(context_ids[len(self._index) :])
 
     def _lookup(self, end: int, k: int) -> list[int]:
         """Up to k ids that followed the latest earlier match of the ids before `end`."""
         if k <= 0:
             return []
-        ids = self._ids[max(0, end - self.window) : end]
-        for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
-            start = self._find(ids, n)
-            if start is not None:
-                return ids[start + n : start + n + k].tolist()
+        earliest = max(0, end - self.window) if self.window else 0
+        for n in range(min(self.max_n, end - earliest - 1), self.min_n - 1, -1):
+            e = self._index.lookup(end, n, earliest_start=earliest)
+            if e is not None:
+                return self._index.ids[e : min(e + k, end)]
         return []
-
-    @staticmethod
-    def _find(ids: np.ndarray, n: int) -> int | None:
-        """Start of the most recent earlier occurrence of the last n ids."""
-        suffix = ids[-n:]
-        body = ids[:-1]  # a match must be followed by at least one token
-        if len(body) < n:
-            return None
-        windows = np.lib.stride_tricks.sliding_window_view(body, n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        return int(hits[-1]) if len(hits) else None
-
-    def _extend(self, new_ids: list[int]) -> None:
-        need = self._len + len(new_ids)
-        if need > len(self._ids):
-            self._ids = np.resize(self._ids, max(need, 2 * len(self._ids)))
-        self._ids[self._len : need] = new_ids
-        self._len = need

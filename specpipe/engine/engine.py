@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,7 +22,7 @@ from specpipe.engine import introspect
 from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
 from specpipe.events import ModelInfo
 
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,16 @@ class Engine:
         self.info = info
         self._parts: tuple[Any, Any] | None = None  # (inner model, LM head), found on the first hidden-state capture
         self._mixers: list[tuple[Any, Any, StepwiseMixer]] | None = None  # [(parent, key, StepwiseMixer)], found on the first state capture
+        self.prefill_chunk = PREFILL_CHUNK
+        self.kv = None  # a KV cache policy (engine/kv.py, kv=...); None: the model's own caches
 
     @property
     def eos_token_ids(self) -> set[int]:
         return set(self.tokenizer.eos_token_ids or ())
 
     def make_cache(self) -> list:
-        """A fresh per-layer cache (KV for attention, state for recurrent layers)."""
-        return make_prompt_cache(self.model)
+        """A fresh per-layer cache (KV for attention, state for recurrent layers), as `kv` chooses."""
+        return self.kv.make_cache(self.model) if self.kv is not None else make_prompt_cache(self.model)
 
     def forward(
         self, token_ids, cache: list | None, *, capture: Capture | None = None, positions=None, mask=None
@@ -125,19 +127,34 @@ class Engine:
             [n, hidden] final hidden states of every fed position when
             `capture.hidden` (None when nothing was fed), else None.
         """
-        hidden = []
-        for start in range(0, len(token_ids), PREFILL_CHUNK):
-            chunk = mx.array(token_ids[start : start + PREFILL_CHUNK], dtype=mx.uint32)
-            if capture is not None and capture.hidden:
-                inner, _ = self.hidden_parts()
-                hidden.append(inner(chunk[None], cache=cache)[0])  # no LM head: the prefill's logits are unused
-                mx.eval([c.state for c in cache], hidden[-1])
-            else:
-                self.model(chunk[None], cache=cache)
-                mx.eval([c.state for c in cache])
+        hidden: list[mx.array] = []
+        for _ in self.prefill_steps(token_ids, cache, capture, hidden):
+            pass
         if not hidden:
             return None
         return mx.concatenate(hidden) if len(hidden) != 1 else hidden[0]
+
+    def prefill_steps(
+        self, token_ids: list[int], cache: list, capture: Capture | None = None, hidden: list | None = None
+    ) -> Iterator[int]:
+        """`prefill`, yielding the count of prompt tokens in the cache after each chunk (progress);
+        with `capture.hidden` each chunk's final hidden states are appended to `hidden`.
+
+        Each chunk is evaluated before the next is built: activations stay one
+        chunk big, whatever the prompt length.
+        """
+        for start in range(0, len(token_ids), self.prefill_chunk):
+            chunk = mx.array(token_ids[start : start + self.prefill_chunk], dtype=mx.uint32)
+            if capture is not None and capture.hidden:
+                inner, _ = self.hidden_parts()
+                rows = inner(chunk[None], cache=cache)[0]  # no LM head: the prefill's logits are unused
+                mx.eval([c.state for c in cache], rows)
+                if hidden is not None:
+                    hidden.append(rows)
+            else:
+                self.model(chunk[None], cache=cache)
+                mx.eval([c.state for c in cache])
+            yield min(start + self.prefill_chunk, len(token_ids))
 
     def hidden_parts(self):
         """(inner model, LM head): what a hidden-state capture calls, checked once.
