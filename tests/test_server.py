@@ -78,7 +78,7 @@ def test_concurrent_speculative_answers_equal_plain_decoding(servers):
         assert answer["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
         assert answer["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"]
     assert sum(a["specpipe"]["accepted"] for a in answers) > 0  # speculation really happened
-    assert max(a["specpipe"]["queue_s"] for a in answers) > 0  # batch 1: the others waited their turn
+    assert all(a["specpipe"]["batched"] for a in answers)
 
 
 def test_streaming_concatenates_to_the_whole_answer(servers):
@@ -108,7 +108,8 @@ def test_stop_string_and_plain_completions(servers):
 
 @pytest.mark.parametrize("path, body, words", [
     ("/v1/chat/completions", {"messages": []}, "messages is empty"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": 0.7}, "temperature=0.7"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature=-1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p=0"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens=0"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "unknown role"),
     ("/v1/completions", {"prompt": 3}, "invalid request"),

@@ -39,7 +39,8 @@ def refusal(target, drafter_name: str) -> str | None:
 
 
 def session_plugins(session):
-    """seed -> (drafter, comparator, bonus, greedy): what `Session` builds, fresh for each row."""
+    """(seed, temperature=, top_p=) -> (drafter, comparator, bonus, greedy): what `Session` builds,
+    fresh for each row; None keeps the server's configured value."""
     from specpipe.sampling import Sampler
     from specpipe.session import build_plugin
     from specpipe.stages.bonus import GreedyBonus, SampledBonus
@@ -47,9 +48,10 @@ def session_plugins(session):
 
     cfg = session.cfg
 
-    def plugins(seed: int | None):
+    def plugins(seed: int | None, temperature: float | None = None, top_p: float | None = None):
         s = cfg.sampling
-        sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed if seed is None else seed)
+        sampler = Sampler(s.temperature if temperature is None else temperature, s.top_k,
+                          s.top_p if top_p is None else top_p, s.min_p, s.seed if seed is None else seed)
         drafter = build_plugin(cfg.draft, "draft", target=session.target, load=None, sampler=sampler)
         if sampler.greedy:
             return drafter, GreedyComparator(), GreedyBonus(), True
@@ -110,9 +112,12 @@ class BatchDecoder:
         self.rows: list[Row] = []
         self.stop_ids = target.eos_token_ids
 
-    def add(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None) -> Row:
-        """Prefill one request alone, then make it a row of the batch (between steps)."""
-        drafter, comparator, bonus, greedy = self.plugins(seed)
+    def add(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, **sampling) -> Row:
+        """Prefill one request alone, then make it a row of the batch (between steps).
+
+        `sampling`: this request's temperature= / top_p= (the plug-in factory's defaults otherwise).
+        """
+        drafter, comparator, bonus, greedy = self.plugins(seed, **sampling)
         solo = self.target.make_cache()
         self.target.prefill(prompt_ids[:-1], solo)
         drafter.prefill(prompt_ids)
