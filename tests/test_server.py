@@ -8,11 +8,13 @@ Traffic goes to 127.0.0.1 only, a handful of bounded requests.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +123,87 @@ def test_bad_requests_are_one_line(servers, path, body, words):
     assert status in (400, 404)
     message = json.loads(raw)["error"]["message"]
     assert words in message and "\n" not in message
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, smollm2_gguf):
+    """Two batch slots and a queue of four: more clients than slots wait, more than that get 429."""
+    server = Server(tmp_path_factory.mktemp("small"), "draft=ngram", "budget.k=8", "max_batch=2", "max_queue=4")
+    yield server
+    if server.proc.poll() is None:
+        server.proc.kill()
+
+
+def open_stream(server: Server, prompt: str, max_tokens: int, **extra):
+    """A streaming chat request; returns (status, connection, response) with the body unread."""
+    host, port = server.base.rsplit("//", 1)[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    body = {"messages": [{"role": "user", "content": prompt}], "stream": True, "max_tokens": max_tokens, **extra}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    return resp.status, conn, resp
+
+
+def metric(server: Server, name: str) -> float:
+    with urllib.request.urlopen(server.base + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_more_clients_than_slots_wait_then_match_plain_decoding(small, servers):
+    _, plain = servers
+    prompts = PROMPTS + [PROMPTS[0] + "\n"]  # 4 clients, 2 slots
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(small.chat, prompts))
+    for prompt, answer in zip(prompts, answers):
+        assert answer["choices"][0]["message"]["content"] == plain.chat(prompt)["choices"][0]["message"]["content"]
+    assert max(a["specpipe"]["queue_s"] for a in answers) > 0.01  # two waited for a slot
+
+
+def test_a_full_queue_answers_429_and_the_rest_complete(small):
+    def one(i):
+        status, conn, resp = open_stream(small, PROMPTS[i % 3], 24)
+        raw = resp.read().decode()
+        conn.close()
+        return status, raw
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(one, range(12)))
+    statuses = [s for s, _ in results]
+    assert statuses.count(429) >= 12 - 6 and set(statuses) <= {200, 429}, statuses
+    assert all(raw.rstrip().endswith("data: [DONE]") for s, raw in results if s == 200)
+    assert "retry later" in next(raw for s, raw in results if s == 429)
+
+
+def test_a_client_that_disconnects_frees_its_slot(small):
+    before = metric(small, 'specpipe_requests_total{status="cancelled"}')
+    status, conn, resp = open_stream(small, PROMPTS[0], 2000)
+    assert status == 200 and resp.readline().startswith(b"data: ")
+    resp.close()  # the socket lives in the response (Connection: close)
+    conn.close()
+    deadline = time.monotonic() + 60
+    while metric(small, 'specpipe_requests_total{status="cancelled"}') <= before:
+        assert time.monotonic() < deadline, "the disconnected request was never cancelled"
+        time.sleep(0.2)
+    assert small.chat(PROMPTS[1])["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_seeded_sampling_is_reproducible_per_request(small):
+    def sample(seed):
+        return small.chat(PROMPTS[2], temperature=0.9, seed=seed, max_tokens=16)["choices"][0]["message"]["content"]
+
+    with ThreadPoolExecutor(3) as pool:  # batched together, and with each other's rows
+        a, b, c = pool.map(sample, [11, 11, 12])
+    assert a == b == sample(11) and c != a
+
+
+def test_metrics_are_prometheus_text(small):
+    with urllib.request.urlopen(small.base + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/plain")
+    assert "# TYPE specpipe_ttft_seconds histogram" in text and 'specpipe_ttft_seconds_bucket{le="+Inf"}' in text
+    assert metric(small, "specpipe_inter_token_seconds_count") > 0 and metric(small, "specpipe_steps_total") > 0
+    assert metric(small, "specpipe_accepted_tokens_total") > 0
 
 
 def test_sigterm_stops_with_every_request_logged(servers):
