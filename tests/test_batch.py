@@ -4,9 +4,11 @@ accepting different numbers of drafted tokens; sampled rows are seeded and indep
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from specpipe.batch.decoder import BatchDecoder, refusal
+from specpipe.batch.budget import BatchBudget, CostTable, calibrate
+from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.sampling import Sampler
@@ -145,3 +147,38 @@ def test_recurrent_and_sliding_window_targets_are_refused_in_one_line(arch):
 def test_model_drafters_are_refused(target):
     assert refusal(target, "ngram") is None and refusal(target, "none") is None
     assert "draft=model" in refusal(target, "model")
+
+
+# ---------------------------------------------------------------- one K for the whole batch
+
+
+def table(per_position_cost: float) -> "CostTable":
+    """T(B, n) = 1 + per_position_cost * B * n (ms): 0 is memory-bound, large is compute-bound."""
+    batches, positions = [1, 2, 4, 8], [1, 2, 4, 8, 16, 17]
+    seconds = np.array([[1 + per_position_cost * b * n for n in positions] for b in batches])
+    return CostTable(batches, positions, seconds)
+
+
+def test_auto_speculates_when_verifying_is_cheap_and_stops_when_compute_bound():
+    cheap, bound = BatchBudget(16, auto=True, costs=table(0.005)), BatchBudget(16, auto=True, costs=table(0.5))
+    for budget in (cheap, bound):
+        budget._acc, budget._drafted = 60.0, 100.0  # acceptance 0.6, every row drafting
+    assert cheap.next_k(1) >= 4 and cheap.next_k(8) >= 1
+    assert bound.next_k(8) == 0 and bound.last_reason == "plain"
+    assert all(bound.rate(8, 0) >= bound.rate(8, k) for k in range(1, 17))
+
+
+def test_auto_probes_after_plain_steps_and_learns_from_the_probe():
+    budget = BatchBudget(16, auto=True, costs=table(0.5), probe_every=4, probe_k=2)
+    ks = [budget.next_k(4) for _ in range(4)]
+    assert ks == [0, 0, 0, 2] and budget.last_reason == "probe"
+    rows = [RowStep(row=None, token_ids=[1, 2, 3], texts=[], from_draft=2, drafted=2, accepted=2)] * 4
+    alpha = budget.alpha
+    budget.observe(StepReport(rows, 4, 3, 0.0, 0.0))
+    assert budget.alpha > alpha
+
+
+def test_calibration_times_real_forwards(target):
+    costs = calibrate(target, max_batch=3, max_n=5, repeats=1)
+    assert costs.batches == [1, 2, 3] and costs.positions == [1, 2, 4, 5]
+    assert (costs.seconds > 0).all() and costs.time(3, 5) > 0 and "B=3" in costs.describe()
