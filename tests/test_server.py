@@ -206,6 +206,25 @@ def test_metrics_are_prometheus_text(small):
     assert metric(small, "specpipe_accepted_tokens_total") > 0
 
 
+def test_a_hybrid_target_is_served_one_request_at_a_time(tmp_path):
+    """Recurrent layers cannot leave holes: batching is refused in one line and batch 1 serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=8", "model=tiny-random",
+                             "model.arch=qwen3_next", "draft=ngram"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        refusal = proc.stderr.readline()
+        assert "batching needs plain attention KV caches; serving one request at a time" in refusal, refusal
+        start = proc.stderr.readline()
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", start).group(1)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(
+            {"prompt": "hello", "max_tokens": 8}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            answer = json.loads(resp.read())
+        assert answer["usage"]["completion_tokens"] > 0 and "batched" not in answer["specpipe"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_sigterm_stops_with_every_request_logged(servers):
     spec, plain = servers
     for server in (spec, plain):

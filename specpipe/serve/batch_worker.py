@@ -92,7 +92,7 @@ class BatchWorker:
             self._record_step(report, k)
             for step in report.rows:
                 self._emit(step)
-        for a in self._active:
+        for a in list(self._active):
             self._finish(a, "cancelled")
         while True:
             try:
