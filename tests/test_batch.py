@@ -182,3 +182,16 @@ def test_calibration_times_real_forwards(target):
     costs = calibrate(target, max_batch=3, max_n=5, repeats=1)
     assert costs.batches == [1, 2, 3] and costs.positions == [1, 2, 4, 5]
     assert (costs.seconds > 0).all() and costs.time(3, 5) > 0 and "B=3" in costs.describe()
+
+
+def test_auto_follows_the_runs_own_step_times():
+    budget = BatchBudget(16, auto=True, costs=table(0.005))  # calibrated: verifying 17 positions is cheap
+    budget._acc, budget._drafted = 30.0, 100.0
+    assert budget.next_k(4) > 0
+    rows = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * 4
+    control = BatchBudget(16, auto=True, costs=table(0.005))
+    control._acc, control._drafted = 30.0, 100.0
+    for _ in range(30):  # ... but this run's speculative steps take 5x the calibrated time
+        budget.observe(StepReport(rows, 4, 5, 0.0, 5 * budget.costs.time(4, 5)))
+        control.observe(StepReport(rows, 4, 5, 0.0, budget.costs.time(4, 5)))  # same rows, calibrated times
+    assert budget.next_k(4) == 0 and control.next_k(4) > 0

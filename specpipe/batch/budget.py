@@ -11,6 +11,9 @@ where a is the batch's acceptance rate (per drafted token) and rho the share of 
 proposed something (n-gram finds no match on some rows). Once the batch is compute-bound, T(B, n)
 grows with n about as fast as E(K) and K = 0 (plain decoding) wins. While K = 0 the rates are not
 observed, so every `probe_every` plain steps one step drafts `probe_k` tokens to look again.
+The calibration is corrected by the run's own step times: T(B, n) is scaled by the decayed mean of
+measured / calibrated seconds, kept apart for plain steps (n = 1) and speculative ones (n > 1), so a
+neighbour that slows the machine after start-up changes K too.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class BatchBudget:
         self._acc, self._drafted = 4 * prior_alpha, 4.0
         self._rows_with_draft, self._rows = 4.0, 4.0
         self._plain_steps = 0
+        self._scale = {True: [1.0, 1.0], False: [1.0, 1.0]}  # n == 1 ? -> [sum measured/calibrated, weight]
         self.last_reason = "fixed"
 
     @property
@@ -120,10 +124,19 @@ class BatchBudget:
         """Expected tokens per second of the batch with K = k (see the module docstring)."""
         a, rho = self.alpha, self.rho
         expected = rho * (1 - a ** (k + 1)) / (1 - a) + (1 - rho)
-        return rows * expected / self.costs.time(rows, 1 + k)
+        return rows * expected / self.step_time(rows, 1 + k)
+
+    def step_time(self, rows: int, n: int) -> float:
+        """Calibrated T(rows, n) times what this run's steps of that kind measured against it."""
+        total, weight = self._scale[n == 1]
+        return self.costs.time(rows, n) * total / weight
 
     def observe(self, report) -> None:
-        """Learn acceptance and draft availability from a step's rows (steps with K = 0 teach nothing)."""
+        """Learn step cost, acceptance and draft availability from a step (K = 0 steps teach only cost)."""
+        if self.costs is not None and report.verify_s > 0:
+            ratio = report.verify_s / self.costs.time(report.batch, report.positions)
+            scale = self._scale[report.positions == 1]
+            scale[0], scale[1] = self.forget * scale[0] + ratio, self.forget * scale[1] + 1.0
         if report.positions == 1 and all(r.drafted == 0 for r in report.rows) and self.last_reason == "plain":
             return
         f = self.forget
