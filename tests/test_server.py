@@ -186,6 +186,8 @@ def test_a_client_that_disconnects_frees_its_slot(small):
         assert time.monotonic() < deadline, "the disconnected request was never cancelled"
         time.sleep(0.2)
     assert small.chat(PROMPTS[1])["choices"][0]["finish_reason"] in ("stop", "length")
+    records = [json.loads(line) for line in small.log.read_text().splitlines()]
+    assert any(r["finish_reason"] == "client_disconnected" for r in records)  # the request is logged too
 
 
 def test_seeded_sampling_is_reproducible_per_request(small):

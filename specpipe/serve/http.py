@@ -177,6 +177,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             job.cancelled.set()  # the client left: stop decoding for it at the next step
+            self.state.log({"id": rid, "stream": True, "finish_reason": "client_disconnected",
+                            "prompt_tokens": len(job.prompt_ids)})
 
     def _event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
