@@ -2,8 +2,11 @@
 OpenAI API on `host:port` until SIGINT / SIGTERM (exit 130 / 143, one line).
 
 Every finished request is one line of `requests.jsonl` in the run folder (tokens, finish reason,
-time queued, acceptance, tokens per forward, decode tok/s, TTFT). Requests are decoded one at a
-time (batch 1); concurrent requests wait in a bounded queue (`queue=16`).
+time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_batch=8` requests
+are decoded together (specpipe/batch/: one target forward verifies every row's draft); more wait
+in a bounded queue (`max_queue=16`, then 429). A target or drafter that cannot be batched
+(recurrent / sliding-window layers, a model drafter) is served one request at a time, said in
+one line at start. `budget=auto` calibrates T(B, n) at start and picks one K per step.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def main() -> None:
 
 def _task(cfg) -> None:
     from specpipe.serve.http import ServeState, make_server
-    from specpipe.serve.worker import GenerationWorker
+    from specpipe.serve.prometheus import Metrics
     from specpipe.session import Session
 
     if not 0 <= cfg.port <= 65535:
@@ -43,9 +46,13 @@ def _task(cfg) -> None:
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
 
-    worker = GenerationWorker(session, max_waiting=cfg.queue)
+    if cfg.max_batch < 1 or cfg.max_queue < 1:
+        fail(TOOL, f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}: need max_batch >= 1 and max_queue >= 1",
+             EXIT_CONFIG)
+    metrics = Metrics()
+    worker, how = _worker(cfg, session, metrics)
     try:
-        server = make_server(ServeState(session, worker, session.target.info.name, log), cfg.host, cfg.port)
+        server = make_server(ServeState(session, worker, session.target.info.name, log, metrics), cfg.host, cfg.port)
     except OSError as exc:
         fail(TOOL, f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
              EXIT_CONFIG)
@@ -59,7 +66,7 @@ def _task(cfg) -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     info = session.target.info
-    print(f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, budget={session.budget_label()}; "
+    print(f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, budget={session.budget_label()}, {how}; "
           f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); requests -> {out / 'requests.jsonl'}",
           file=sys.stderr, flush=True)
     try:
@@ -76,6 +83,32 @@ def _task(cfg) -> None:
         # Everything is written and closed. Skip interpreter teardown: with connection threads still
         # alive, MLX / OpenMP destructors at exit have aborted the process (exit -6 instead of 143).
         os._exit(143 if sig == signal.SIGTERM else 130)
+
+
+def _worker(cfg, session, metrics):
+    """The batching worker when the target and drafter allow it, else one request at a time; and a few words saying which."""
+    from specpipe.batch.budget import BatchBudget, calibrate
+    from specpipe.batch.decoder import BatchDecoder, refusal, session_plugins
+    from specpipe.serve.batch_worker import BatchWorker
+    from specpipe.serve.worker import GenerationWorker
+
+    why = refusal(session.target, session.drafter.name) if cfg.max_batch > 1 else "max_batch=1"
+    if why:
+        if cfg.max_batch > 1:
+            print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
+        return GenerationWorker(session, max_waiting=cfg.max_queue), "batch 1"
+    budget = session.budget
+    k_max = int(budget.k_max if budget.name == "auto" else getattr(budget, "k", 0))
+    if session.drafter.name == "none":
+        batch_budget = BatchBudget(0)
+    elif budget.name == "auto":
+        costs = calibrate(session.target, cfg.max_batch, k_max + 1)
+        print(f"{TOOL}: {costs.describe()}", file=sys.stderr, flush=True)
+        batch_budget = BatchBudget(k_max, auto=True, costs=costs)
+    else:  # fixed / adaptive / confidence: their K, the same for every step of the batch
+        batch_budget = BatchBudget(k_max)
+    decoder = BatchDecoder(session.target, session_plugins(session))
+    return BatchWorker(decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics), f"max_batch={cfg.max_batch}"
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ class ServeConfig(PipelineGroups):
     port: int = 8000  # 0: any free port (printed on start)
     max_tokens: int = 256  # a request's default; a request may ask for up to max_tokens_limit
     max_tokens_limit: int = 4096
-    queue: int = 16  # requests waiting beyond this get 503 (retry later) instead of an unbounded wait
+    max_batch: int = 8  # requests decoded together (one target forward per step); 1: one at a time
+    max_queue: int = 16  # requests waiting beyond this get 429 (retry later) instead of an unbounded wait
     stream: bool = False  # unused by the server (kept for the Session's config view)
 
 

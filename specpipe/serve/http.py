@@ -1,9 +1,11 @@
 """The HTTP layer: routes OpenAI-style requests to the GenerationWorker, JSON or server-sent events.
 
-`make_server(session, worker, host, port, log)` returns a ThreadingHTTPServer (one thread per
-connection; decoding itself is serialized by the worker). Routes: GET /v1/models, GET /health,
-POST /v1/chat/completions, POST /v1/completions. A bad request is a 400 with one line; a full
-queue a 503; a client that disconnects mid-stream stops its generation at the next step.
+`make_server(state, host, port)` returns a ThreadingHTTPServer (one thread per connection;
+decoding itself happens in the worker's one thread). Routes: GET /v1/models, GET /health,
+GET /metrics (Prometheus text), POST /v1/chat/completions, POST /v1/completions. A bad request
+is a 400 with one line; a full queue a 429; a client that disconnects mid-stream frees its
+batch slot at the next step. Streamed chunks carry `specpipe.tokens` / `specpipe.from_draft`:
+how many tokens the chunk's text took and how many of them were accepted drafts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from specpipe.serve.openai_api import (BadRequest, chunk_body, completion_body, error_body, new_id, parse_chat,
                                        parse_completion)
+from specpipe.sampling import check_sampling
+from specpipe.serve.prometheus import Metrics
 from specpipe.serve.worker import Job, QueueFull
 
 MAX_BODY = 8 << 20  # 8 MiB: a long prompt fits; anything larger is refused before it is read
@@ -24,9 +28,11 @@ RESULT_TIMEOUT_S = 3600  # a request never waits forever for its worker
 class ServeState:
     """What every request handler needs: the session (tokenizer, config), the worker, a request log."""
 
-    def __init__(self, session, worker, model_name: str, log=None):
+    def __init__(self, session, worker, model_name: str, log=None, metrics: Metrics | None = None):
         self.session, self.worker, self.model_name = session, worker, model_name
         self.log = log or (lambda record: None)
+        self.metrics = metrics or Metrics()
+        self.per_request_sampling = hasattr(worker, "decoder")  # batched rows each own a seeded sampler
         s = session.cfg
         self.temperature = float(s.sampling.temperature)
         self.default_max_tokens = int(s.max_tokens)
@@ -56,6 +62,9 @@ class _Handler(BaseHTTPRequestHandler):
                                                          "created": 0, "owned_by": "specpipe"}]})
         elif self.path.rstrip("/") == "/health":
             self._json(200, {"status": "ok", "waiting": self.state.worker.waiting()})
+        elif self.path.rstrip("/") == "/metrics":
+            self.state.metrics.set("specpipe_queue_length", self.state.worker.waiting())
+            self._send(200, self.state.metrics.render().encode(), "text/plain; version=0.0.4")
         else:
             self._json(404, error_body(f"no route GET {self.path}: try /v1/models", "not_found"))
 
@@ -71,10 +80,12 @@ class _Handler(BaseHTTPRequestHandler):
             job = self._job(request)
             self.state.worker.submit(job)
         except BadRequest as exc:
+            self.state.metrics.count("specpipe_requests_total", status="bad_request")
             self._json(400, error_body(str(exc)))
             return
         except QueueFull as exc:
-            self._json(503, error_body(f"busy: {exc}; retry later", "server_busy"))
+            self.state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
+            self._json(429, error_body(f"busy: {exc}; retry later", "server_busy"))
             return
         rid = new_id(request.kind)
         if request.stream:
@@ -92,7 +103,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _job(self, request) -> Job:
         st = self.state
-        if request.temperature is not None and abs(request.temperature - st.temperature) > 1e-9:
+        sampling = {}
+        if st.per_request_sampling:
+            s = st.session.cfg.sampling
+            temperature = s.temperature if request.temperature is None else request.temperature
+            top_p = s.top_p if request.top_p is None else request.top_p
+            message = check_sampling(temperature, 0, top_p, 0.0, 0 if request.seed is None else request.seed)
+            if message:
+                raise BadRequest(message.replace("sampling.", ""))
+            sampling = {k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None}
+        elif request.temperature is not None and abs(request.temperature - st.temperature) > 1e-9:
             how = "sampling=greedy" if st.temperature == 0 else f"sampling.temperature={st.temperature}"
             raise BadRequest(f"temperature={request.temperature}: this server decodes with {how}; send that "
                              "temperature (or none), or start a server with the sampling you want")
@@ -106,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
             ids = list(target.tokenizer.encode(request.prompt))
         if not ids:
             raise BadRequest("the prompt is empty")
-        return Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop)
+        return Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed, sampling=sampling)
 
     def _results(self, job: Job):
         """The job's pieces as they come; ends after ("done", Finished) or ("error", message)."""
@@ -144,7 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
                     {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
             for tag, value in self._results(job):
                 if tag == "delta":
-                    self._event(chunk_body(kind, rid, model, value))
+                    body = chunk_body(kind, rid, model, getattr(value, "text", value))
+                    if hasattr(value, "from_draft"):  # a client may highlight the accepted drafts
+                        body["specpipe"] = {"tokens": value.tokens, "from_draft": value.from_draft}
+                    self._event(body)
                 elif tag == "error":
                     self._event(error_body(value, "server_error"))
                 else:
@@ -154,15 +177,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             job.cancelled.set()  # the client left: stop decoding for it at the next step
+            self.state.log({"id": rid, "stream": True, "finish_reason": "client_disconnected",
+                            "prompt_tokens": len(job.prompt_ids)})
 
     def _event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
         self.wfile.flush()
 
     def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
+        self._send(status, json.dumps(body).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

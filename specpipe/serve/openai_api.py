@@ -31,6 +31,8 @@ class ChatBody(msgspec.Struct):
     stream: bool = False
     stop: str | list[str] | None = None
     temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
     n: int = 1
 
 
@@ -41,6 +43,8 @@ class CompletionBody(msgspec.Struct):
     stream: bool = False
     stop: str | list[str] | None = None
     temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
     n: int = 1
 
 
@@ -52,6 +56,8 @@ class Request(msgspec.Struct, kw_only=True):
     stream: bool
     stop: list[str]
     temperature: float | None
+    top_p: float | None = None
+    seed: int | None = None
 
 
 def parse_chat(body: bytes) -> Request:
@@ -64,14 +70,14 @@ def parse_chat(body: bytes) -> Request:
     _check_common(b.n)
     return Request(kind="chat", messages=[{"role": m.role, "content": m.content} for m in b.messages],
                    max_tokens=b.max_completion_tokens or b.max_tokens, stream=b.stream, stop=_stops(b.stop),
-                   temperature=b.temperature)
+                   temperature=b.temperature, top_p=b.top_p, seed=b.seed)
 
 
 def parse_completion(body: bytes) -> Request:
     b = _decode(body, CompletionBody)
     _check_common(b.n)
     return Request(kind="text", prompt=b.prompt, max_tokens=b.max_tokens, stream=b.stream, stop=_stops(b.stop),
-                   temperature=b.temperature)
+                   temperature=b.temperature, top_p=b.top_p, seed=b.seed)
 
 
 def _decode(body: bytes, kind):

@@ -32,6 +32,8 @@ class Job:
     out: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client went away
     submitted: float = field(default_factory=time.perf_counter)
+    seed: int | None = None  # this request's sampling seed (batched serving; None: the server's)
+    sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
 
 
 class QueueFull(Exception):
@@ -83,7 +85,7 @@ class GenerationWorker:
                 control.stop_requested = True
             if isinstance(event, Emitted) and stopped_at is None:
                 text += event.text
-                stopped_at = _first_stop(text, job.stop)
+                stopped_at = first_stop(text, job.stop)
                 if stopped_at is not None:
                     control.stop_requested = True  # the rest of this step is discarded
                     text = text[:stopped_at]
@@ -110,7 +112,7 @@ class GenerationWorker:
                                       queue_s=started - job.submitted)))
 
 
-def _first_stop(text: str, stops: list[str]) -> int | None:
+def first_stop(text: str, stops: list[str]) -> int | None:
     """Index where the earliest stop string starts in `text`, or None. ("ab.cd", [".", "c"]) -> 2."""
     found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(found) if found else None

@@ -1,0 +1,1 @@
+"""Batched speculative decoding: many requests verified by one target forward per step."""

@@ -1,0 +1,195 @@
+"""One KV buffer per layer for B rows that accept different numbers of drafted tokens.
+
+Contract: every step each row writes the same number of columns N (its newest token, its
+draft, padding up to the longest draft); `commit(kept)` then says how many of those N columns
+each row keeps (accepted drafts + 1). Nothing is copied on a partial accept: the columns a row
+did not keep stay in the buffer as holes that `make_mask` hides from every later query, and the
+row's RoPE position (`offset`, one per row, as mlx-lm's BatchKVCache keeps it) advances only by
+what it kept, so a row's keys carry the positions they would have alone. `compact()` squeezes
+the holes out once they outnumber the kept columns. Rows join (`add`, from a solo prefill
+cache) and leave (`keep_rows`) between steps. Works with attention-only mlx-lm models, which
+build their mask with `cache.make_mask` and rotate by `cache.offset`; no model code changes.
+
+Worked example (2 rows, N = 3 columns per step): row 0 keeps 3 (2 drafts accepted), row 1
+keeps 1 (its draft rejected). Columns written [10, 11, 12]: row 0 sees all three from now on,
+row 1 sees column 10 only; their offsets advance by 3 and 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+GROW = 256  # columns added at a time, as mlx-lm's KVCache does
+
+
+class RaggedBatch:
+    """The batch's shared bookkeeping plus one `LayerCache` per layer (pass `.layers` to the model)."""
+
+    def __init__(self, n_layers: int):
+        self._reset(n_layers)
+
+    def _reset(self, n_layers: int) -> None:
+        self.layers = [LayerCache(self) for _ in range(n_layers)]
+        self.valid = np.zeros((0, 0), dtype=bool)  # [B, capacity]: which columns each row attends to
+        self.offsets = np.zeros(0, dtype=np.int32)  # [B]: RoPE position of each row's next token
+        self.offset = mx.array(self.offsets)
+        self.idx = 0  # columns written so far (shared by every row)
+
+    @property
+    def size(self) -> int:
+        return len(self.offsets)
+
+    # ---------------------------------------------------------------- rows join and leave
+
+    def add(self, solo_cache: list) -> None:
+        """Append one row from a batch-1 prefill (a list of mlx-lm KVCache, one per layer).
+
+        Its P prefilled columns go right-aligned before `idx`; when P > idx every row first gets
+        P - idx hole columns on the left, so all rows stay aligned on the same write column.
+        """
+        P = solo_cache[0].offset if solo_cache[0].keys is not None else 0
+        if P > self.idx:
+            for layer in self.layers:
+                layer.pad_left(P - self.idx, self.idx)
+            self.valid = np.pad(self.valid[:, : self.idx], ((0, 0), (P - self.idx, 0)))
+            self.idx = P
+        for layer, solo in zip(self.layers, solo_cache):
+            layer.add_row(solo, P, self.idx)
+        row_valid = np.zeros((1, self.valid.shape[1]), dtype=bool)
+        row_valid[0, self.idx - P : self.idx] = True
+        self.valid = np.concatenate([self.valid, row_valid])
+        self.offsets = np.append(self.offsets, np.int32(P))
+        self.offset = mx.array(self.offsets)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order); the others leave the batch."""
+        if not rows:
+            self._reset(len(self.layers))
+            return
+        for layer in self.layers:
+            layer.take_rows(rows)
+        self.valid, self.offsets = self.valid[rows], self.offsets[rows]
+        self.offset = mx.array(self.offsets)
+
+    # ---------------------------------------------------------------- the step
+
+    def make_mask(self, n: int) -> mx.array:
+        """[B, 1, n, idx + n] bool: earlier columns each row kept, then causal over the new n."""
+        past = mx.array(self.valid[:, : self.idx])[:, None, None, :]
+        past = mx.broadcast_to(past, (self.size, 1, n, self.idx))
+        causal = mx.broadcast_to(mx.tril(mx.ones((n, n), dtype=mx.bool_)), (self.size, 1, n, n))
+        return mx.concatenate([past, causal], axis=-1)
+
+    def commit(self, kept: list[int], n: int) -> None:
+        """After a forward over n columns per row: row b keeps its first kept[b] of them."""
+        if self.valid.shape[1] < self.idx + n:
+            self.valid = np.pad(self.valid, ((0, 0), (0, self.idx + n - self.valid.shape[1] + GROW)))
+        self.valid[:, self.idx : self.idx + n] = np.arange(n)[None, :] < np.asarray(kept)[:, None]
+        self.offsets = self.offsets + np.asarray(kept, dtype=np.int32)
+        self.offset = mx.array(self.offsets)
+        self.idx += n
+
+    def holes(self) -> int:
+        """Columns written that no row attends to, summed over rows."""
+        return int(self.size * self.idx - self.valid[:, : self.idx].sum())
+
+    def compact(self) -> None:
+        """Gather each row's kept columns, right-aligned, into a buffer as long as the longest row.
+
+        Example: valid rows [T F T T, F F T F] -> [T T T, F F T] (row 1 left-padded with holes).
+        """
+        counts = self.valid[:, : self.idx].sum(axis=1)
+        width = int(counts.max()) if self.size else 0
+        index = np.zeros((self.size, width), dtype=np.int32)
+        valid = np.zeros((self.size, width), dtype=bool)
+        for b, c in enumerate(counts):
+            index[b, width - c :] = np.flatnonzero(self.valid[b, : self.idx])
+            valid[b, width - c :] = True
+        gather = mx.array(index)[:, None, :, None]
+        for layer in self.layers:
+            layer.gather(gather)
+        self.valid, self.idx = valid, width
+
+
+class LayerCache:
+    """What one attention layer of an mlx-lm model sees as its cache: keys / values [B, H, cols, D]."""
+
+    def __init__(self, batch: RaggedBatch):
+        self.batch = batch
+        self.keys: Any = None  # mx.array once a row is in (Any: mlx is untyped for mypy here)
+        self.values: Any = None
+
+    @property
+    def offset(self) -> mx.array:
+        return self.batch.offset  # [B]: mlx-lm rotates each row's queries and keys from here
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        if window_size is not None:
+            raise ValueError("sliding-window attention cannot be batched with holes")
+        return self.batch.make_mask(n)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        start, n = self.batch.idx, keys.shape[2]
+        if self.keys is None or start + n > self.keys.shape[2]:
+            self._grow(keys, values, start + n)
+        self.keys[..., start : start + n, :] = keys
+        self.values[..., start : start + n, :] = values
+        return self.keys[..., : start + n, :], self.values[..., : start + n, :]
+
+    # ---------------------------------------------------------------- buffer surgery (between steps)
+
+    def _grow(self, keys: mx.array, values: mx.array, need: int) -> None:
+        have = 0 if self.keys is None else self.keys.shape[2]
+        more = (need - have + GROW - 1) // GROW * GROW
+        B, H, _, Dk = keys.shape
+        new_k = mx.zeros((B, H, more, Dk), keys.dtype)
+        new_v = mx.zeros((B, H, more, values.shape[3]), values.dtype)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            self.keys = mx.concatenate([self.keys, new_k], axis=2)
+            self.values = mx.concatenate([self.values, new_v], axis=2)
+
+    def add_row(self, solo, P: int, idx: int) -> None:
+        """Append a row holding the solo cache's P columns at [idx - P, idx)."""
+        if self.keys is None and solo.keys is None:
+            return  # nothing prefilled anywhere yet: the first forward allocates
+        like_k = self.keys if self.keys is not None else solo.keys
+        like_v = self.values if self.values is not None else solo.values
+        width = self.keys.shape[2] if self.keys is not None else idx
+        H, Dk, Dv = like_k.shape[1], like_k.shape[3], like_v.shape[3]
+        row_k = mx.zeros((1, H, width, Dk), like_k.dtype)
+        row_v = mx.zeros((1, H, width, Dv), like_v.dtype)
+        if P:
+            row_k[..., idx - P : idx, :] = solo.keys[..., :P, :]
+            row_v[..., idx - P : idx, :] = solo.values[..., :P, :]
+        if self.keys is None:  # rows already here had nothing prefilled: holes for them
+            B = self.batch.size
+            self.keys = mx.zeros((B, H, width, Dk), like_k.dtype)
+            self.values = mx.zeros((B, H, width, Dv), like_v.dtype)
+        self.keys = mx.concatenate([self.keys, row_k])
+        self.values = mx.concatenate([self.values, row_v])
+
+    def take_rows(self, rows: list[int]) -> None:
+        if self.keys is not None:
+            index = mx.array(rows)
+            self.keys, self.values = self.keys[index], self.values[index]
+
+    def pad_left(self, m: int, idx: int) -> None:
+        if self.keys is None:
+            return
+        pad = [(0, 0), (0, 0), (m, 0), (0, 0)]
+        self.keys = mx.pad(self.keys[..., :idx, :], pad)
+        self.values = mx.pad(self.values[..., :idx, :], pad)
+
+    def gather(self, index: mx.array) -> None:
+        if self.keys is not None:
+            self.keys = mx.take_along_axis(self.keys, index, axis=2)
+            self.values = mx.take_along_axis(self.values, index, axis=2)

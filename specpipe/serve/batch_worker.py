@@ -1,0 +1,197 @@
+"""The batching decoding thread: up to `max_batch` requests decoded together, the rest queued.
+
+Contract: same interface as `GenerationWorker` (`submit`, `waiting`, `close`; pieces on each
+job's own queue: ("delta", Delta), then ("done", Finished) or ("error", message)). Between two
+steps it drops rows whose client left or whose stop string appeared, admits waiting requests
+(each prefilled alone, then a row of the batch), asks the budget for one K for the whole batch
+and runs one `BatchDecoder.step`. A full queue raises QueueFull (HTTP 429). Never touches HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from specpipe.serve.worker import Finished, Job, QueueFull, first_stop
+
+IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
+
+
+@dataclass
+class Delta:
+    """A piece of text for the client, with how many tokens it took and how many were accepted drafts."""
+
+    text: str
+    tokens: int = 0
+    from_draft: int = 0
+
+
+@dataclass
+class Active:
+    """A job being decoded: its row and what has been streamed of it."""
+
+    job: Job
+    row: Any  # batch.decoder.Row
+    started: float
+    hold: int  # characters held back: a stop string may still be forming
+    text: str = ""
+    sent: int = 0
+    stopped: bool = False
+    first_token: float | None = None
+    last_emit: float | None = None
+    pending_tokens: int = 0
+    pending_draft: int = 0
+    intervals: list[float] = field(default_factory=list)
+
+
+class BatchWorker:
+    def __init__(self, decoder, budget, max_batch: int = 8, max_waiting: int = 16, metrics=None):
+        self.decoder, self.budget, self.max_batch = decoder, budget, max_batch
+        self.metrics = metrics
+        self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
+        self._active: list[Active] = []
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="specpipe-batch", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting for one of "
+                            f"{self.max_batch} batch slots") from None
+        self._gauge("specpipe_queue_length", self._jobs.qsize())
+
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def active(self) -> int:
+        return len(self._active)
+
+    def close(self, timeout: float = 30) -> None:
+        """Stop after the current step; requests still decoding or waiting end as cancelled."""
+        self._closing.set()
+        self._thread.join(timeout=timeout)
+
+    # ------------------------------------------------------------------ the decoding thread
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            self._admit()
+            if not self._active:
+                continue
+            try:
+                k = self.budget.next_k(len(self._active))
+                report = self.decoder.step(k)
+            except Exception as exc:  # a failed step fails its rows, not the server
+                self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                continue
+            self.budget.observe(report)
+            self._record_step(report, k)
+            for step in report.rows:
+                self._emit(step)
+        for a in list(self._active):
+            self._finish(a, "cancelled")
+        while True:
+            try:
+                self._jobs.get_nowait().out.put(("error", "the server is shutting down"))
+            except queue.Empty:
+                break
+
+    def _admit(self) -> None:
+        """Drop rows whose client left, then fill free slots from the queue (block only when idle)."""
+        for a in [a for a in self._active if a.job.cancelled.is_set()]:
+            self._finish(a, "cancelled")
+        while len(self._active) < self.max_batch:
+            try:
+                job = self._jobs.get(timeout=IDLE_POLL_S) if not self._active else self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            self._gauge("specpipe_queue_length", self._jobs.qsize())
+            if job.cancelled.is_set():
+                continue
+            try:
+                row = self.decoder.add(job.prompt_ids, job.max_tokens, job.seed, **job.sampling)
+            except Exception as exc:  # e.g. a prompt longer than the context: this job only
+                job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                self._count("specpipe_requests_total", status="error")
+                continue
+            hold = max((len(s) for s in job.stop), default=1) - 1
+            self._active.append(Active(job, row, time.perf_counter(), hold))
+
+    def _emit(self, step) -> None:
+        a = next(a for a in self._active if a.row is step.row)
+        now = time.perf_counter()
+        if step.token_ids:
+            if a.first_token is None:
+                a.first_token = now
+                self._observe("specpipe_ttft_seconds", now - a.job.submitted)
+            elif a.last_emit is not None:
+                a.intervals.append(now - a.last_emit)
+                self._observe("specpipe_inter_token_seconds", now - a.last_emit)
+            a.last_emit = now
+            if self.metrics:
+                self.metrics.emitted(len(step.token_ids))
+        a.pending_tokens += len(step.token_ids)
+        a.pending_draft += step.from_draft
+        a.text += "".join(step.texts)
+        cut = first_stop(a.text, a.job.stop)
+        if cut is not None:
+            a.text, a.stopped = a.text[:cut], True
+        safe = len(a.text) if cut is not None or step.row.finished else max(a.sent, len(a.text) - a.hold)
+        if safe > a.sent:
+            a.job.out.put(("delta", Delta(a.text[a.sent : safe], a.pending_tokens, a.pending_draft)))
+            a.sent, a.pending_tokens, a.pending_draft = safe, 0, 0
+        if a.stopped or step.row.finished:
+            self._finish(a, "stop" if a.stopped or step.row.finished == "eos" else "length")
+
+    def _finish(self, a: Active, reason: str) -> None:
+        self.decoder.remove([a.row])
+        self._active.remove(a)
+        row, now = a.row, time.perf_counter()
+        tokens = len(row.output)
+        decode_s = (now - a.first_token) if a.first_token else 0.0
+        stats = {"drafted": row.drafted, "accepted": row.accepted,
+                 "acceptance_rate": row.accepted / row.drafted if row.drafted else 0.0,
+                 "tokens_per_forward": tokens / row.steps if row.steps else 0.0, "target_forwards": row.steps,
+                 "decode_tok_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
+                 "ttft_s": (a.first_token - a.started) if a.first_token else 0.0, "batched": True}
+        if len(a.text) > a.sent and reason != "cancelled":
+            a.job.out.put(("delta", Delta(a.text[a.sent :], a.pending_tokens, a.pending_draft)))
+        a.job.out.put(("done", Finished(text=a.text, finish_reason=reason, prompt_tokens=len(row.prompt_ids),
+                                        completion_tokens=tokens, stats=stats, queue_s=a.started - a.job.submitted)))
+        self._count("specpipe_requests_total", status="cancelled" if reason == "cancelled" else "ok")
+        self._observe("specpipe_request_seconds", now - a.job.submitted)
+        self._count("specpipe_drafted_tokens_total", row.drafted)
+        self._count("specpipe_accepted_tokens_total", row.accepted)
+
+    def _fail_all(self, message: str) -> None:
+        for a in list(self._active):
+            a.job.out.put(("error", message))
+            self._count("specpipe_requests_total", status="error")
+        self.decoder.remove([a.row for a in self._active])
+        self._active.clear()
+
+    # ------------------------------------------------------------------ metrics (optional)
+
+    def _record_step(self, report, k: int) -> None:
+        self._gauge("specpipe_batch_size", report.batch)
+        self._gauge("specpipe_draft_k", k)
+        self._count("specpipe_steps_total")
+        self._count("specpipe_batch_rows_total", report.batch)
+
+    def _count(self, name: str, value: float = 1.0, **labels) -> None:
+        if self.metrics:
+            self.metrics.count(name, value, **labels)
+
+    def _gauge(self, name: str, value: float) -> None:
+        if self.metrics:
+            self.metrics.set(name, value)
+
+    def _observe(self, name: str, seconds: float) -> None:
+        if self.metrics:
+            self.metrics.observe(name, seconds)

@@ -1,0 +1,197 @@
+"""Batched speculative decoding (specpipe/batch/) on tiny random models: every row's greedy tokens
+equal that prompt decoded alone with draft=none, with rows joining mid-way, leaving early and
+accepting different numbers of drafted tokens; sampled rows are seeded and independent of the batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specpipe.batch.budget import BatchBudget, CostTable, calibrate
+from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
+from specpipe.drafters.ngram import NgramDrafter
+from specpipe.drafters.none import NoneDrafter
+from specpipe.sampling import Sampler
+from specpipe.stages.bonus import GreedyBonus, SampledBonus
+from specpipe.stages.compare import GreedyComparator, RejectionComparator
+from tests.conftest import first_difference, generate, tiny
+
+TEXTS = [
+    "the cat sat on the mat, the cat sat on the",  # repetitive: n-gram drafts get accepted
+    "Quick zephyrs blow, vexing daft Jim",
+    "ab",  # one token of prefill
+    "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
+]
+
+
+def greedy_plugins(kind: str):
+    def plugins(seed):
+        drafter = NgramDrafter(min_n=1, max_n=3) if kind == "ngram" else NoneDrafter()
+        return drafter, GreedyComparator(), GreedyBonus(), True
+    return plugins
+
+
+def run_batch(decoder: BatchDecoder, k: int, joins: dict[int, list[tuple[list[int], int]]], compact_every: int = 0):
+    """Step until every row is done; `joins[step]` rows are added before that step. Returns rows in add order."""
+    rows, step = [], 0
+    while step in joins or decoder.rows or any(s > step for s in joins):
+        for prompt, max_tokens in joins.get(step, []):
+            rows.append(decoder.add(prompt, max_tokens))
+        if decoder.rows:
+            decoder.step(k)
+        if compact_every and step % compact_every == 0 and decoder.rows:
+            decoder.cache.compact()
+        step += 1
+    return rows
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def target(request):
+    return tiny(request.param)
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    return [target.encode_prompt(t, chat=False) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def alone(target, prompts):
+    """Each prompt decoded alone with draft=none, 40 tokens."""
+    return [generate(target, NoneDrafter(), 1, p, 40)[0] for p in prompts]
+
+
+@pytest.mark.parametrize("kind,k", [("none", 0), ("ngram", 4), ("ngram", 8)])
+@pytest.mark.parametrize("compact_every", [0, 3])
+def test_batched_greedy_equals_each_request_alone(target, prompts, alone, kind, k, compact_every):
+    decoder = BatchDecoder(target, greedy_plugins(kind))
+    decoder.stop_ids = set()
+    # two rows start together, one joins at step 2 and one at step 7; max_tokens differ so rows leave at different steps
+    joins = {0: [(prompts[0], 40), (prompts[1], 25)], 2: [(prompts[2], 40)], 7: [(prompts[3], 33)]}
+    rows = run_batch(decoder, k, joins, compact_every)
+    want = [alone[0], alone[1][:25], alone[2], alone[3][:33]]
+    for row, prompt, expected in zip(rows, [prompts[0], prompts[1], prompts[2], prompts[3]], want):
+        assert row.output == expected, first_difference(target, prompt, expected, row.output)
+    if kind == "ngram":
+        rates = [row.accepted / max(row.drafted, 1) for row in rows]
+        assert max(rates) > 0 and min(rates) < 1, f"rows should accept differently: {rates}"
+        assert decoder.cache.size == 0
+
+
+def test_stop_token_ends_one_row_only(target, prompts, alone):
+    stop = alone[0][10]
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = {stop}
+    rows = run_batch(decoder, 4, {0: [(prompts[0], 40), (prompts[1], 40)]})
+    assert rows[0].output == alone[0][: alone[0].index(stop)] and rows[0].finished == "eos"
+    expected_1 = alone[1][: alone[1].index(stop)] if stop in alone[1] else alone[1]
+    assert rows[1].output == expected_1
+
+
+def test_a_row_removed_mid_way_leaves_the_others_exact(target, prompts, alone):
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    a, b, c = (decoder.add(p, 40) for p in prompts[:3])
+    for step in range(12):
+        if step == 4:
+            decoder.remove([b])  # a client that disconnected
+        decoder.step(6)
+    while decoder.rows:
+        decoder.step(6)
+    assert a.output == alone[0] and c.output == alone[2]
+
+
+def test_compaction_leaves_only_left_padding_and_keeps_positions(target, prompts):
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    for p in prompts[:3]:
+        decoder.add(p, 40)
+    for _ in range(5):
+        decoder.step(8)
+    cache = decoder.cache
+    assert cache.holes() > 0  # rejected drafts, padding, the short prompts' left holes
+    offsets, kept = cache.offsets.copy(), cache.valid[:, : cache.idx].sum(axis=1)
+    cache.compact()
+    assert cache.idx == kept.max() and cache.holes() == (kept.max() - kept).sum()  # only the shorter rows' left pad
+    assert (cache.offsets == offsets).all() and (cache.offsets == kept).all()  # a row's position = columns it kept
+
+
+def sampled_plugins(seed):
+    sampler = Sampler(temperature=1.0, seed=seed)
+    return NgramDrafter(min_n=1, max_n=3), RejectionComparator(sampler), SampledBonus(sampler), False
+
+
+def test_sampled_rows_are_seeded_and_independent_of_the_batch(target, prompts):
+    def run(with_others: bool, seed: int):
+        decoder = BatchDecoder(target, lambda s: sampled_plugins(seed if s is None else s))
+        decoder.stop_ids = set()
+        row = decoder.add(prompts[0], 30, seed)
+        if with_others:
+            decoder.add(prompts[1], 30, 99)
+            decoder.add(prompts[3], 12, 5)
+        while decoder.rows:
+            decoder.step(4)
+        return row.output
+
+    alone_7 = run(False, 7)
+    assert run(True, 7) == alone_7
+    assert run(False, 8) != alone_7
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text"])
+def test_recurrent_and_sliding_window_targets_are_refused_in_one_line(arch):
+    message = refusal(tiny(arch), "ngram")
+    assert message and "\n" not in message and "batching needs plain attention KV caches" in message
+
+
+def test_model_drafters_are_refused(target):
+    assert refusal(target, "ngram") is None and refusal(target, "none") is None
+    assert "draft=model" in refusal(target, "model")
+
+
+# ---------------------------------------------------------------- one K for the whole batch
+
+
+def table(per_position_cost: float) -> "CostTable":
+    """T(B, n) = 1 + per_position_cost * B * n (ms): 0 is memory-bound, large is compute-bound."""
+    batches, positions = [1, 2, 4, 8], [1, 2, 4, 8, 16, 17]
+    seconds = np.array([[1 + per_position_cost * b * n for n in positions] for b in batches])
+    return CostTable(batches, positions, seconds)
+
+
+def test_auto_speculates_when_verifying_is_cheap_and_stops_when_compute_bound():
+    cheap, bound = BatchBudget(16, auto=True, costs=table(0.005)), BatchBudget(16, auto=True, costs=table(0.5))
+    for budget in (cheap, bound):
+        budget._acc, budget._drafted = 60.0, 100.0  # acceptance 0.6, every row drafting
+    assert cheap.next_k(1) >= 4 and cheap.next_k(8) >= 1
+    assert bound.next_k(8) == 0 and bound.last_reason == "plain"
+    assert all(bound.rate(8, 0) >= bound.rate(8, k) for k in range(1, 17))
+
+
+def test_auto_probes_after_plain_steps_and_learns_from_the_probe():
+    budget = BatchBudget(16, auto=True, costs=table(0.5), probe_every=4, probe_k=2)
+    ks = [budget.next_k(4) for _ in range(4)]
+    assert ks == [0, 0, 0, 2] and budget.last_reason == "probe"
+    rows = [RowStep(row=None, token_ids=[1, 2, 3], texts=[], from_draft=2, drafted=2, accepted=2)] * 4
+    alpha = budget.alpha
+    budget.observe(StepReport(rows, 4, 3, 0.0, 0.0))
+    assert budget.alpha > alpha
+
+
+def test_calibration_times_real_forwards(target):
+    costs = calibrate(target, max_batch=3, max_n=5, repeats=1)
+    assert costs.batches == [1, 2, 3] and costs.positions == [1, 2, 4, 5]
+    assert (costs.seconds > 0).all() and costs.time(3, 5) > 0 and "B=3" in costs.describe()
+
+
+def test_auto_follows_the_runs_own_step_times():
+    budget = BatchBudget(16, auto=True, costs=table(0.005))  # calibrated: verifying 17 positions is cheap
+    budget._acc, budget._drafted = 30.0, 100.0
+    assert budget.next_k(4) > 0
+    rows = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * 4
+    control = BatchBudget(16, auto=True, costs=table(0.005))
+    control._acc, control._drafted = 30.0, 100.0
+    for _ in range(30):  # ... but this run's speculative steps take 5x the calibrated time
+        budget.observe(StepReport(rows, 4, 5, 0.0, 5 * budget.costs.time(4, 5)))
+        control.observe(StepReport(rows, 4, 5, 0.0, budget.costs.time(4, 5)))  # same rows, calibrated times
+    assert budget.next_k(4) == 0 and control.next_k(4) > 0
