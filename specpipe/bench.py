@@ -16,6 +16,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import cast
 
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.cli.shell import Stopped, hydra_main
@@ -83,7 +84,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from specpipe.session import Session
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    snapshot = OmegaConf.to_container(cfg, resolve=True)
+    snapshot = cast(dict, OmegaConf.to_container(cfg, resolve=True))
     snapshot.pop("hydra", None)
     chash = config_hash(snapshot)
     out = ResultsFile(results)
@@ -105,9 +106,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     fixed = {k: with_budget(spec, FixedBudget(k=k)) for k in sorted(set(cfg.fixed_ks or []))}
     greedy = cfg.sampling.temperature == 0
     # mlx-lm can only draft with a whole model: draft=model (incl. self), not n-gram / layer-skip / heads.
-    anchor_draft = spec.drafter.engine.model if spec.drafter.name == "model" else None
+    anchor_draft = spec.drafter.engine.model if spec.drafter.name == "model" and spec.drafter.engine else None
     # mlx-lm drafts a fixed K: a fixed budget's, else an adaptive budget's starting k (4 if it has none).
-    k = getattr(spec.budget, "k", None) or cfg.budget.get("k", None) or 4
+    k = cfg.budget.get("k", None) or 4
     label = {
         "model": spec.target.info.name, "precision": spec.target.info.precision, "drafter": spec.drafter.name,
         "draft_model": spec.draft_info.name if spec.draft_info else ("self" if spec.drafter.name == "model" else None),

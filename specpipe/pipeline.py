@@ -111,87 +111,74 @@ class SpeculativePipeline:
                     break
                 step += 1
                 if self.tree_step is not None:
-                    # tree != chain: draft, verify, compare and compact a token tree in trees/step.py,
-                    # then emit as below (kept apart so the chain path stays as it was)
+                    # tree != chain: draft, verify, compare and compact a token tree in trees/step.py
                     for event in self.tree_step.run(step, clock, context, last_id, cache, max_tokens - len(output) - 1):
                         yield emit(event)
-                    new_ids = self.tree_step.new_ids
-                    kept, from_draft = cut(new_ids, self.tree_step.accepted, stop_ids, max_tokens - len(output))
-                    pieces = []
-                    for tid in kept:
-                        detok.add_token(tid)
-                        pieces.append(detok.last_segment)
-                    yield emit(Emitted(t=clock(), step=step, token_ids=kept, text="".join(pieces), from_draft=from_draft, token_texts=pieces))
-                    output.extend(kept)
-                    context.extend(new_ids)
-                    last_id = new_ids[-1]
-                    if len(kept) < len(new_ids) and len(output) < max_tokens:
-                        reason = "eos"
-                        break
-                    continue
-                # ---- draft: never more than the tokens still wanted, minus the bonus
-                decision: BudgetDecision | None
-                if control.k is not None:
-                    k, decision = control.k, BudgetDecision(k=control.k, reason="override")
+                    new_ids, n = self.tree_step.new_ids, self.tree_step.accepted
                 else:
-                    k = self.budget.next_k()
-                    decision = self.budget.decision
-                k = min(k, max_tokens - len(output) - 1)
-                s = time.perf_counter()
-                f0 = self.drafter.forwards
-                draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
-                f1 = self.drafter.forwards
-                draft.token_ids = draft.token_ids[: max(k, 0)]
-                k_eff = len(draft.token_ids)
-                looked_back, matched = self._hindsight(k, len(output), context) if control.k is None else ([], 0)
-                draft_s = time.perf_counter() - s
-                # every draft forward of this step, by purpose: what proposed a verified token, what did not
-                drafting = min(f1 - f0 - draft.catchup_forwards, k_eff)
-                yield emit(Drafted(
-                    t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s,
-                    hindsight_ids=looked_back, hindsight_matched=matched,
-                    forwards=self.drafter.forwards - f0, draft_forwards=drafting,
-                    catchup_forwards=draft.catchup_forwards, catchup_tokens=draft.catchup_tokens,
-                    hindsight_forwards=self.drafter.forwards - f1,
-                    wasted_forwards=f1 - f0 - draft.catchup_forwards - drafting,
-                    probe=decision is not None and decision.reason == "probe" and k_eff > 0, decision=decision,
-                ))
+                    # ---- draft: never more than the tokens still wanted, minus the bonus
+                    decision: BudgetDecision | None
+                    if control.k is not None:
+                        k, decision = control.k, BudgetDecision(k=control.k, reason="override")
+                    else:
+                        k = self.budget.next_k()
+                        decision = self.budget.decision
+                    k = min(k, max_tokens - len(output) - 1)
+                    s = time.perf_counter()
+                    f0 = self.drafter.forwards
+                    draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
+                    f1 = self.drafter.forwards
+                    draft.token_ids = draft.token_ids[: max(k, 0)]
+                    k_eff = len(draft.token_ids)
+                    looked_back, matched = self._hindsight(k, len(output), context) if control.k is None else ([], 0)
+                    draft_s = time.perf_counter() - s
+                    # every draft forward of this step, by purpose: what proposed a verified token, what did not
+                    drafting = min(f1 - f0 - draft.catchup_forwards, k_eff)
+                    yield emit(Drafted(
+                        t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s,
+                        hindsight_ids=looked_back, hindsight_matched=matched,
+                        forwards=self.drafter.forwards - f0, draft_forwards=drafting,
+                        catchup_forwards=draft.catchup_forwards, catchup_tokens=draft.catchup_tokens,
+                        hindsight_forwards=self.drafter.forwards - f1,
+                        wasted_forwards=f1 - f0 - draft.catchup_forwards - drafting,
+                        probe=decision is not None and decision.reason == "probe" and k_eff > 0, decision=decision,
+                    ))
 
-                # ---- verify + compare + bonus
-                s = time.perf_counter()
-                states = self.rollback.before_forward(cache)
-                # nothing asked for, no capture: the plain forward (draft=none, trim)
-                capture = Capture(hidden=wants_hidden, states=states) if states is not None or wants_hidden else None
-                result = verify(self.target, cache, last_id, draft.token_ids, capture)
-                logits = result.logits
-                if wants_hidden:
-                    self.drafter.observe_hidden(len(context) - 1, [last_id, *draft.token_ids], result.hidden)
-                verdict = self.comparator.compare(draft, logits)
-                n = verdict.accepted
-                bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
-                verify_s = time.perf_counter() - s
-                next_id = verdict.recovered_id if bonus_id is None else bonus_id
-                assert next_id is not None, "a comparator that rejects must recover a token"
-                new_ids = draft.token_ids[:n] + [next_id]
-                yield emit(Verified(
-                    t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
-                    recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
-                    seconds=verify_s,
-                    rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
-                    overlap=verdict.overlap,
-                ))
+                    # ---- verify + compare + bonus
+                    s = time.perf_counter()
+                    states = self.rollback.before_forward(cache)
+                    # nothing asked for, no capture: the plain forward (draft=none, trim)
+                    capture = Capture(hidden=wants_hidden, states=states) if states is not None or wants_hidden else None
+                    result = verify(self.target, cache, last_id, draft.token_ids, capture)
+                    logits = result.logits
+                    if wants_hidden:
+                        self.drafter.observe_hidden(len(context) - 1, [last_id, *draft.token_ids], result.hidden)
+                    verdict = self.comparator.compare(draft, logits)
+                    n = verdict.accepted
+                    bonus_id = self.bonus.pick(logits[k_eff]) if n == k_eff else None
+                    verify_s = time.perf_counter() - s
+                    next_id = verdict.recovered_id if bonus_id is None else bonus_id
+                    assert next_id is not None, "a comparator that rejects must recover a token"
+                    new_ids = draft.token_ids[:n] + [next_id]
+                    yield emit(Verified(
+                        t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
+                        recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
+                        seconds=verify_s,
+                        rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
+                        overlap=verdict.overlap,
+                    ))
 
-                # ---- rollback: keep context + accepted drafts in both caches
-                s = time.perf_counter()
-                target_drop = k_eff - n
-                self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
-                draft_drop = self.drafter.rollback(len(context) + n)
-                self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
-                yield emit(RolledBack(
-                    t=clock(), step=step, strategy=self.rollback.last_choice or self.rollback.name,
-                    target_dropped=target_drop,
-                    draft_dropped=draft_drop, seconds=time.perf_counter() - s,
-                ))
+                    # ---- rollback: keep context + accepted drafts in both caches
+                    s = time.perf_counter()
+                    target_drop = k_eff - n
+                    self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
+                    draft_drop = self.drafter.rollback(len(context) + n)
+                    self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
+                    yield emit(RolledBack(
+                        t=clock(), step=step, strategy=self.rollback.last_choice or self.rollback.name,
+                        target_dropped=target_drop,
+                        draft_dropped=draft_drop, seconds=time.perf_counter() - s,
+                    ))
 
                 # ---- emit, cut at a stop token or at max_tokens
                 kept, from_draft = cut(new_ids, n, stop_ids, max_tokens - len(output))
