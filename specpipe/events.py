@@ -12,6 +12,8 @@ from typing import Union
 
 import msgspec
 
+from specpipe.engine.info import ModelInfo  # what was loaded; defined beside the engine, carried by RunStarted
+
 
 def _snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
@@ -21,19 +23,6 @@ class Base(msgspec.Struct, tag_field="kind", tag=_snake, frozen=True, kw_only=Tr
     """Common fields: `t` is seconds since the run started (after loading)."""
 
     t: float = 0.0
-
-
-class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """What was loaded: enough to reproduce and to label a report."""
-
-    name: str
-    source: str  # "packaged" | "gguf" | "folder" | "tiny-random"
-    arch: str
-    precision: str
-    path: str = ""
-    sha256: str = ""
-    parameters: int = 0
-    weight_bytes: int = 0
 
 
 class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -20,7 +20,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specpipe.engine import introspect
 from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
-from specpipe.events import ModelInfo
+from specpipe.engine.info import ModelInfo
 
 PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
 

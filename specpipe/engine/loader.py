@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 from specpipe.engine.build import apply_precision, build_model, weight_dtype
 from specpipe.engine.engine import Engine
 from specpipe.errors import ConfigError, SpecpipeError
-from specpipe.events import ModelInfo
+from specpipe.engine.info import ModelInfo
 
 TINY = "tiny-random"
 # Packaged models whose architecture engine/gguf.py cannot build yet: refused before downloading them.
