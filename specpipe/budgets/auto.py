@@ -8,9 +8,9 @@ and the acceptance rates estimated online. When the rates say "plain" but
 the rates plus one standard error say "draft" (thin evidence, e.g. one
 rejected probe), the step drafts a probe of the K that pays on those
 optimistic rates: the bandit's rule for acting on little evidence. A draft
-model that agrees 95% of the time thus proves itself on a long draft within
-a step or two; a fixed 2-token probe proved little about long drafts and,
-where T(3) costs as much as T(9) (MKL on a 2-core CPU), cost as much.
+model that nearly always agrees thus proves itself on a long draft within
+a step or two; a fixed 2-token probe proves little about long drafts and,
+where a short verify costs as much as a long one, costs as much.
 
 Acceptance is two rates, each a success / trial count with exponential
 forgetting so it follows the text: alpha, that the first drafted token is
@@ -22,10 +22,9 @@ one geometric rate would undervalue long drafts exactly where they pay.
 While K = 0 is chosen, a draft every `probe_every` steps keeps the rates
 fresh (at least probe_k tokens: a one-token probe says nothing about the
 continuation, which then stays at its prior and keeps long drafts priced
-out; measured on the real pair, 61 steps at 95% acceptance with 4 drafted
-tokens); a probe that held entirely is followed by another at once (on
-the real pair the doubled wait after such a probe cost 16 plain steps at
-95% acceptance); any other probe that leaves K at 0 doubles the wait (up to `probe_max`), so text the drafter
+out); a probe that held entirely is followed by another at once (doubling
+the wait after it cost many plain steps at high acceptance; docs/benchmarks.md);
+any other probe that leaves K at 0 doubles the wait (up to `probe_max`), so text the drafter
 cannot predict costs a few probes, not one every 8 steps. The very first
 K = 0 decision probes at once, so a prior that says "plain" does not cost a
 run its first steps.
@@ -125,8 +124,7 @@ class AutoBudget(BudgetBase):
     def _observe_verify(self, n: int, seconds: float) -> None:
         """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
         measured points replace the calibration's and the rest of the curve is scaled by the median
-        measured / calibrated ratio: a calibration taken while another process held the cores (seen: T(2)
-        = 16 for SmolLM2 under MKL) must not keep auto from drafting for the whole run."""
+        measured / calibrated ratio: a calibration taken while another process held the cores must not keep auto from drafting for the whole run."""
         old = self._seconds.get(n)
         self._seconds[n] = seconds if old is None else MEASURED_FORGET * old + (1 - MEASURED_FORGET) * seconds
         t1 = self._seconds.get(1)
@@ -190,8 +188,8 @@ class AutoBudget(BudgetBase):
 
     def _probe_size(self) -> int:
         """A probe's K, priced by the cost model on the optimistic rates: the draft that would pay
-        if acceptance is as good as the evidence allows, and never under probe_k. A short probe on a drafter that agrees 95%
-        of the time proves little about long drafts and, where T(3) costs as much as T(9), costs as much."""
+        if acceptance is as good as the evidence allows, and never under probe_k. A short probe on a drafter that nearly always
+        agrees proves little about long drafts and, where a short verify costs as much as a long one, costs as much."""
         return max(self.probe_k, self._best(self.alpha_optimistic, self.continuation_optimistic))
 
     def _decide(self, k: int, reason: str) -> int:

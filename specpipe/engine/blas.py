@@ -63,7 +63,7 @@ def _openblas_coretype() -> str | None:
 
     OpenBLAS identifies CPUs by model number, so older releases (Debian 12 ships 0.3.21) fall
     back to "Prescott" (SSE3 kernels) on CPUs newer than themselves or behind a hypervisor's
-    generic model: measured 30 GFLOP/s instead of 180 on a Sapphire Rapids VM. Only features the
+    generic model, several times slower (docs/benchmarks.md). Only features the
     CPU reports are ever requested, so this can not select an unsupported (SIGILL) kernel.
     """
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -105,8 +105,7 @@ def _try_load(path: str, name: str) -> BlasInfo | str:
         os.environ["MKL_THREADING_LAYER"] = _mkl_threading_layer(path)
     if name == "mkl" and os.environ.get("MKL_THREADING_LAYER") == "GNU" and "OMP_WAIT_POLICY" not in os.environ:
         # MKL's GNU OpenMP threads spin between calls; when the machine has other work the spinning
-        # threads starve the thread that feeds them (measured: SmolLM2 decode 1.5 tok/s with spinning
-        # vs 13-16 passive, load average 7 on 2 cores). Passive threads sleep instead.
+        # threads starve the thread that feeds them (figures in docs/benchmarks.md). Passive threads sleep instead.
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     if os.sep in path and not os.path.exists(path):
         return f"{path} does not exist"
