@@ -44,7 +44,7 @@ def worker(group: str, reps: int, tokens: int) -> None:
     import tempfile
     import time
 
-    from specpipe.engine.blas import preload_blas
+    from specpipe.engine.load.blas import preload_blas
 
     preload_blas()  # before mlx.core, as the console scripts do
     import mlx.core as mx
@@ -57,15 +57,15 @@ def worker(group: str, reps: int, tokens: int) -> None:
     from specpipe.drafters.mtp_head import new_head, save_head
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
-    from specpipe.engine.loader import load_engine
+    from specpipe.engine.load.loader import load_engine
     from specpipe.events import PrefillDone, RunFinished
-    from specpipe.pipeline import SpeculativePipeline
+    from specpipe.core.pipeline import SpeculativePipeline
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.stages.bonus import GreedyBonus
-    from specpipe.stages.compare import GreedyComparator
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
 
     if group == "smollm2":
         target = load_engine("smollm2-135m", precision="float32")

@@ -6,7 +6,7 @@ import time
 from specpipe.cli import _preload_blas
 _preload_blas()
 import mlx.core as mx, numpy as np
-from specpipe.engine.loader import load_engine
+from specpipe.engine.load.loader import load_engine
 from specpipe.batch.cache import RaggedBatch
 t = load_engine("smollm2-135m", None, "float32")
 for L in (256, 1024):

@@ -7,7 +7,7 @@ prefilled prompt between rounds, outside the timer. Acceptance is simulated
 by n_drop = K - n: a rollback's cost depends on how many positions are kept,
 not on which tokens they are.
 
-The model is a random-weight qwen3_next built by specpipe/engine/tiny.py with
+The model is a random-weight qwen3_next built by specpipe/engine/load/tiny.py with
 the overrides below (~100M parameters: 9 Gated DeltaNet + 3 attention layers);
 its numbers say nothing about text quality, only about rollback cost.
 
@@ -22,7 +22,7 @@ import statistics
 import time
 
 try:
-    from specpipe.engine.blas import preload_blas
+    from specpipe.engine.load.blas import preload_blas
 
     preload_blas()
 except ImportError:  # pragma: no cover
@@ -30,12 +30,12 @@ except ImportError:  # pragma: no cover
 
 import mlx.core as mx
 
-from specpipe.engine.loader import load_engine
+from specpipe.engine.load.loader import load_engine
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.recompute import RecomputeRollback
 from specpipe.engine.engine import Capture
-from specpipe.stages.verify import verify
+from specpipe.core.stages.verify import verify
 
 # ~100M parameters, most of them in the layers (vocab is the tiny 259-token one).
 OVERRIDES = {

@@ -6,7 +6,7 @@
 Minimum of 7 timings per n: the shape of the verify cost that decides whether speculation pays.
 """
 import os, time, statistics
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 info = preload_blas()
 import mlx.core as mx
 h, inter, layers = 1536, 8960, 4

@@ -15,7 +15,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 
 preload_blas()  # before mlx
 
@@ -26,11 +26,11 @@ def main() -> None:
     from specpipe.drafters.mtp import MtpDrafter
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
-    from specpipe.engine.loader import load_engine
-    from specpipe.pipeline import SpeculativePipeline
+    from specpipe.engine.load.loader import load_engine
+    from specpipe.core.pipeline import SpeculativePipeline
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.stages.bonus import GreedyBonus
-    from specpipe.stages.compare import GreedyComparator
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
 
     parser = argparse.ArgumentParser(description="MTP head, layer skip and n-gram side by side on SmolLM2 (greedy)")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     max_tokens, k, n_prompts = args.max_tokens, args.k, args.prompts
     target = load_engine("smollm2-135m", precision="float32")
-    lines = resources.files("specpipe.suites").joinpath("code.jsonl").read_text().splitlines()
+    lines = resources.files("specpipe.bench.suites").joinpath("code.jsonl").read_text().splitlines()
     prompts = [json.loads(line) for line in lines[:n_prompts]]
     n_layers = len(target.model.model.layers)
     drafters = {

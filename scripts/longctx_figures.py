@@ -25,7 +25,7 @@ import json
 import statistics
 import time
 
-from specpipe.engine.blas import blas_info, preload_blas
+from specpipe.engine.load.blas import blas_info, preload_blas
 
 preload_blas()
 
@@ -33,8 +33,8 @@ import mlx.core as mx  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
 
 import specpipe.config  # noqa: E402,F401  (registers the schemas)
-from specpipe.bench_records import load_suite  # noqa: E402
-from specpipe.engine.loader import load_engine  # noqa: E402
+from specpipe.bench.records import load_suite  # noqa: E402
+from specpipe.engine.load.loader import load_engine  # noqa: E402
 from specpipe.events import RunFinished  # noqa: E402
 from specpipe.session import Session  # noqa: E402
 

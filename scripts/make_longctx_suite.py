@@ -11,7 +11,7 @@ in the document and one late in it. Sizes: 1k, 4k, 8k tokens in `longctx`
 
 The files are committed; rerun this script only to change the suites:
 
-    python scripts/make_longctx_suite.py          # writes specpipe/suites/longctx.jsonl, longctx-32k.jsonl
+    python scripts/make_longctx_suite.py          # writes specpipe/bench/suites/longctx.jsonl, longctx-32k.jsonl
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def build(count_tokens, size: int) -> tuple[str, list[str]]:
 
 
 def main() -> None:
-    from specpipe.engine.blas import preload_blas
+    from specpipe.engine.load.blas import preload_blas
 
     preload_blas()
-    from specpipe.engine.loader import load_engine
+    from specpipe.engine.load.loader import load_engine
 
     engine = load_engine("smollm2-135m")
     count = lambda text: len(engine.encode_prompt(text, chat=True))  # noqa: E731

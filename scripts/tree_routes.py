@@ -10,13 +10,13 @@ repeats, each over a fresh copy of the same prefix cache: ratios are to T(1), on
 import argparse
 import time
 
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 
 blas = preload_blas()
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
-from specpipe.engine.loader import load_engine  # noqa: E402
+from specpipe.engine.load.loader import load_engine  # noqa: E402
 from specpipe.trees.forward import tree_forward  # noqa: E402
 from specpipe.trees.tree import TokenTree  # noqa: E402
 

@@ -14,17 +14,17 @@ import math
 import statistics
 from pathlib import Path
 
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 
 blas = preload_blas()
 from specpipe.budgets.fixed import FixedBudget  # noqa: E402
 from specpipe.drafters.ngram import NgramDrafter  # noqa: E402
 from specpipe.drafters.none import NoneDrafter  # noqa: E402
-from specpipe.engine.loader import load_engine  # noqa: E402
-from specpipe.pipeline import SpeculativePipeline  # noqa: E402
+from specpipe.engine.load.loader import load_engine  # noqa: E402
+from specpipe.core.pipeline import SpeculativePipeline  # noqa: E402
 from specpipe.rollbacks.trim import TrimRollback  # noqa: E402
-from specpipe.stages.bonus import GreedyBonus  # noqa: E402
-from specpipe.stages.compare import GreedyComparator  # noqa: E402
+from specpipe.core.stages.bonus import GreedyBonus  # noqa: E402
+from specpipe.core.stages.compare import GreedyComparator  # noqa: E402
 from specpipe.trees.shape import TreeShape  # noqa: E402
 from specpipe.trees.step import TreeStep  # noqa: E402
 

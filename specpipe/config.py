@@ -189,7 +189,7 @@ register()
 
 @dataclass
 class SuiteConfig:
-    name: str = MISSING  # packaged suite: specpipe/suites/<name>.jsonl
+    name: str = MISSING  # packaged suite: specpipe/bench/suites/<name>.jsonl
     path: Optional[str] = MISSING  # a JSONL file of {"id", "prompt"} lines; wins over name
     chat: bool = MISSING  # wrap prompts in the model's chat template
     system: Optional[str] = MISSING

@@ -121,13 +121,13 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
     from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV
-    from specpipe.protocols import Bonus, Budget, Comparator, Drafter, KvPolicy, Rollback
+    from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, KvPolicy, Rollback
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.stages.bonus import GreedyBonus, SampledBonus
-    from specpipe.stages.compare import GreedyComparator, MatchComparator, RejectionComparator
+    from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+    from specpipe.core.stages.compare import GreedyComparator, MatchComparator, RejectionComparator
 
     _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter)
     _BUDGETS: tuple[type[Budget], ...] = (FixedBudget, AdaptiveBudget, ConfidenceBudget, AutoBudget)

@@ -143,7 +143,7 @@ def _ranges(cfg: DictConfig) -> str | None:
 def _sampling(cfg: DictConfig) -> str | None:
     if "sampling" not in cfg:
         return None
-    from specpipe.sampling import check_sampling
+    from specpipe.core.sampling import check_sampling
 
     s = cfg.sampling
     return check_sampling(s.temperature, s.top_k, s.top_p, s.min_p)

@@ -157,7 +157,7 @@ def device() -> dict[str, str]:
 
     info = {"mlx_device": str(mx.default_device()), "machine": platform.machine(), "system": platform.system()}
     try:
-        from specpipe.engine.blas import blas_info
+        from specpipe.engine.load.blas import blas_info
 
         blas = blas_info()
         info["blas"] = blas.name

@@ -18,10 +18,10 @@ from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.plugins import build_plugin, check_plugins
 from specpipe.preflight import check_text
-from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
-from specpipe.sampling import Sampler
-from specpipe.stages.bonus import GreedyBonus, SampledBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
+from specpipe.core.sampling import Sampler
+from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+from specpipe.core.stages.compare import GreedyComparator
 
 
 class Session:
@@ -31,7 +31,7 @@ class Session:
             cfg: the composed config (specpipe/conf/config.yaml).
             target: an already loaded target Engine to reuse (else loaded from cfg.model).
         """
-        from specpipe.engine.loader import load_engine, load_target
+        from specpipe.engine.load.loader import load_engine, load_target
 
         check_supported(cfg)
         self.cfg = cfg
@@ -83,7 +83,7 @@ class Session:
 
     def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Generator[Event, None, None]:
         """Run the pipeline once; yields RunStarted ... RunFinished."""
-        from specpipe.pipeline import SpeculativePipeline
+        from specpipe.core.pipeline import SpeculativePipeline
 
         self.sampler.reset()  # same seed, same tokens, every generation
         max_tokens = self.cfg.max_tokens if max_tokens is None else max_tokens

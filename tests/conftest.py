@@ -7,7 +7,7 @@ import os
 
 # Load the optimised BLAS (if any) before mlx, as the CLI does.
 try:
-    from specpipe.engine.blas import preload_blas
+    from specpipe.engine.load.blas import preload_blas
 
     preload_blas()
 except ImportError:  # pragma: no cover
@@ -22,19 +22,19 @@ from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.engine.engine import Engine
-from specpipe.engine.loader import load_engine
+from specpipe.engine.load.loader import load_engine
 from specpipe.events import RunFinished
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 
 CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "specpipe", "conf")
 
 
 @pytest.fixture(scope="session")
 def smollm2_gguf():
-    from specpipe.engine.model_store import model_path
+    from specpipe.engine.load.model_store import model_path
 
     return model_path("smollm2-135m")
 

@@ -11,9 +11,9 @@ from specpipe.batch.budget import BatchBudget, CostTable, calibrate
 from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.drafters.none import NoneDrafter
-from specpipe.sampling import Sampler
-from specpipe.stages.bonus import GreedyBonus, SampledBonus
-from specpipe.stages.compare import GreedyComparator, RejectionComparator
+from specpipe.core.sampling import Sampler
+from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+from specpipe.core.stages.compare import GreedyComparator, RejectionComparator
 from tests.conftest import first_difference, generate, tiny
 
 TEXTS = [

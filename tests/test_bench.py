@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-import specpipe.bench_measure as bench_measure
+import specpipe.bench.measure as bench_measure
 import specpipe.config  # noqa: F401  (registers the schemas)
-from specpipe.bench import run_bench
-from specpipe.bench_records import (
+from specpipe.bench.harness import run_bench
+from specpipe.bench.records import (
     config_hash,
     first_mismatch,
     load_suite,
     read_records,
     suite_names,
 )
-from specpipe.bench_report import main as report_main
-from specpipe.bench_report import verdicts, write_report
+from specpipe.bench.report import main as report_main
+from specpipe.bench.report import verdicts, write_report
 from specpipe.events import Verified
 from specpipe.metrics import StatsCollector
 
@@ -93,13 +93,13 @@ def test_longctx_suites_quote_their_document():
     from importlib import resources
 
     for name, labels in (("longctx", ["1k", "4k", "8k"]), ("longctx-32k", ["16k", "32k"])):
-        rows = [json.loads(line) for line in (resources.files("specpipe.suites") / f"{name}.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in (resources.files("specpipe.bench.suites") / f"{name}.jsonl").read_text().splitlines()]
         assert [p["id"] for p in load_suite(name)] == [r["id"] for r in rows]
         assert sorted({r["id"].split("-")[1] for r in rows}, key=labels.index) == labels
         for row in rows:
             document, question = row["prompt"].rsplit("Question:", 1)
             assert row["answer"] in document and " ".join(row["answer"].split()[:8]) in question
-    sizes = {r["id"]: len(r["prompt"]) for r in map(json.loads, (resources.files("specpipe.suites") / "longctx.jsonl").read_text().splitlines())}
+    sizes = {r["id"]: len(r["prompt"]) for r in map(json.loads, (resources.files("specpipe.bench.suites") / "longctx.jsonl").read_text().splitlines())}
     assert sizes["longctx-1k-early"] * 6 < sizes["longctx-8k-early"]
 
 
@@ -110,7 +110,7 @@ def test_sweep_to_report_end_to_end(tmp_path, suite_file):
     """`specpipe-bench -m` on a tiny model -> one JSONL in the sweep folder -> report.md + PNGs."""
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "-m", "specpipe.bench", "-m", "model=tiny-random", "draft=ngram,model", "budget.k=2",
+        [sys.executable, "-m", "specpipe.bench.harness", "-m", "model=tiny-random", "draft=ngram,model", "budget.k=2",
          f"suite.path={suite_file}", "limit=2", "max_tokens=16", f"hydra.sweep.dir={sweep}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
@@ -218,7 +218,7 @@ def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
      (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'")],
 )
 def test_bad_input_is_one_line(tmp_path, args, words):
-    proc = subprocess.run([sys.executable, "-m", "specpipe.bench", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "specpipe.bench.harness", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
@@ -231,7 +231,7 @@ def test_ctrl_c_keeps_finished_prompts(tmp_path):
     results = tmp_path / "bench.jsonl"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specpipe.bench", "model=tiny-random", f"suite.path={suite}", "limit=null",
+        [sys.executable, "-m", "specpipe.bench.harness", "model=tiny-random", f"suite.path={suite}", "limit=null",
          "max_tokens=64", "anchor=false", f"results={results}"],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env,
         # a runner started in the background may ignore SIGINT; the child must not inherit that

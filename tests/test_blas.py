@@ -10,15 +10,14 @@ import sys
 
 import pytest
 
-from specpipe.engine import blas
-
+from specpipe.engine.load import blas
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preloading only happens on Linux")
 
 DEBIAN_OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 PRELOAD_AND_MATMUL = """
 import json, sys
-from specpipe.engine.blas import preload_blas, blas_info
+from specpipe.engine.load.blas import preload_blas, blas_info
 info = preload_blas()
 assert preload_blas("none") is info  # idempotent: the first choice sticks
 import numpy as np
@@ -77,7 +76,7 @@ def test_bogus_path_is_a_notice_not_a_crash(bogus):
 def test_too_late_after_mlx_import():
     code = """
 import json, mlx.core
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 print(json.dumps(preload_blas().__dict__))
 """
     info = _run(code, SPECPIPE_BLAS=None)
@@ -95,7 +94,7 @@ def test_coretype_is_a_known_value_and_user_setting_wins():
     assert blas._openblas_coretype() in (None, "SkylakeX", "Haswell")
     code = """
 import json, os
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 preload_blas("openblas")
 print(json.dumps({"core": os.environ.get("OPENBLAS_CORETYPE")}))
 """
@@ -104,7 +103,7 @@ print(json.dumps({"core": os.environ.get("OPENBLAS_CORETYPE")}))
 
 REPORT_ONLY = """
 import json
-from specpipe.engine.blas import blas_info
+from specpipe.engine.load.blas import blas_info
 before = blas_info()
 maps = open("/proc/self/maps").read()
 print(json.dumps({"name": before.name, "mapped": "libmkl" in maps or "libopenblas" in maps}))
@@ -151,7 +150,7 @@ def test_nothing_found_gives_install_hint(monkeypatch):
 
 WAIT_POLICY = """
 import json, os
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 info = preload_blas()
 print(json.dumps({"name": info.name, "layer": os.environ.get("MKL_THREADING_LAYER"), "wait": os.environ.get("OMP_WAIT_POLICY")}))
 """

@@ -10,13 +10,13 @@ from conftest import first_difference, generate, make_drafter, noisy_copy, prepa
 from specpipe.budgets.adaptive import AdaptiveBudget
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.confidence import ConfidenceBudget
-from specpipe.calibrate import expected_speedup, interpolate, verify_cost_curve
+from specpipe.costmodel.calibration import expected_speedup, interpolate, verify_cost_curve
 from specpipe.drafters.model import ModelDrafter
 from specpipe.errors import SpecpipeError
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 
 FLAT = {n: 1.0 + 0.02 * n for n in range(1, 34)}  # verify almost free (float32 + BLAS-like)
 LINEAR = {n: float(n) for n in range(1, 34)}  # verify costs n steps (quantized CPU kernels)
@@ -213,7 +213,7 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
     first = verify_cost_curve(engine)
     assert first["ratio"][1] == 1.0 and set(first["ratio"]) == set(range(1, 34))
     assert list((tmp_path / "calibration").glob("*.json"))
-    import specpipe.calibrate as cal
+    import specpipe.costmodel.calibration as cal
 
     monkeypatch.setattr(cal, "time_forwards", lambda *a, **k: pytest.fail("should read the cache"))
     assert verify_cost_curve(engine)["t1_s"] == first["t1_s"]

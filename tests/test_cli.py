@@ -211,9 +211,9 @@ def test_a_run_that_fails_before_generating_leaves_no_run_folder(tmp_path, args,
 
 SHELLS = {  # every console script that composes a Hydra config goes through specpipe/cli/shell.py
     "specpipe": "specpipe.cli",
-    "specpipe-bench": "specpipe.bench",
+    "specpipe-bench": "specpipe.bench.harness",
     "specpipe-calibrate": "specpipe.cli.calibrate",
-    "specpipe-train-drafter": "specpipe.train_drafter",
+    "specpipe-train-drafter": "specpipe.train.drafter",
     "specpipe-serve": "specpipe.serve.cli",
     "specpipe-chat": "tui.cli",
 }

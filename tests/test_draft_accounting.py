@@ -15,12 +15,12 @@ from specpipe.budgets import auto as auto_module
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.confidence import ConfidenceBudget
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.calibrate import interpolate
+from specpipe.costmodel.calibration import interpolate
 from specpipe.events import Drafted, RunFinished, Verified
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 
 # T(n)/T(1) as MKL measured it for the 1.5B target on a 2-core CPU: a 3-token verify costs as much as 9
 MKL_LIKE = interpolate({1: 1.0, 2: 1.44, 3: 2.51, 5: 2.24, 9: 2.74, 17: 3.2, 33: 4.24})

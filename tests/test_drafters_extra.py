@@ -13,11 +13,11 @@ from mlx.utils import tree_flatten
 import specpipe.config  # noqa: F401  (registers the schemas)
 from conftest import CONF_DIR, first_difference, generate, make_drafter, tiny
 from specpipe.budgets.auto import AutoBudget
-from specpipe.calibrate import draft_cost
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.costmodel.calibration import draft_cost
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.drafters.layerskip import LayerSkipDrafter
 from specpipe.engine.introspect import llama_parts
 from specpipe.drafters.mtp import MtpDrafter
@@ -59,13 +59,13 @@ def test_greedy_equals_target_alone(setup, kind, k):
 
 def run_with(target, drafter, rollback: str, k: int, prompt, max_tokens: int) -> list[int]:
     from specpipe.budgets.fixed import FixedBudget
-    from specpipe.pipeline import SpeculativePipeline
+    from specpipe.core.pipeline import SpeculativePipeline
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.stages.bonus import GreedyBonus
-    from specpipe.stages.compare import GreedyComparator
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
 
     strategy = {"trim": TrimRollback, "checkpoint": CheckpointRollback, "recompute": RecomputeRollback, "auto": AutoRollback}[rollback]
     pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), strategy(), GreedyBonus())
@@ -216,7 +216,7 @@ def test_smollm2_greedy_equals_target_alone(smollm2, smollm2_case, tmp_path, kin
 def qwen35_checkpoint(folder, with_mtp: bool):
     """A tiny Qwen3.5 folder in Hugging Face layout (names, shapes, conv1d axis,
     zero-centred norms), with `mtp.*` tensors like the real checkpoints ship."""
-    from specpipe.engine.tiny import byte_tokenizer, tiny_config
+    from specpipe.engine.load.tiny import byte_tokenizer, tiny_config
 
     source = tiny("qwen3_5")
     config = tiny_config("qwen3_5")
@@ -249,11 +249,11 @@ def qwen35_checkpoint(folder, with_mtp: bool):
 
 def test_qwen35_checkpoint_mtp_head_loads_and_is_lossless(tmp_path):
     from specpipe.budgets.fixed import FixedBudget
-    from specpipe.engine.loader import load_engine
-    from specpipe.pipeline import SpeculativePipeline
+    from specpipe.engine.load.loader import load_engine
+    from specpipe.core.pipeline import SpeculativePipeline
     from specpipe.rollbacks.recompute import RecomputeRollback
-    from specpipe.stages.bonus import GreedyBonus
-    from specpipe.stages.compare import GreedyComparator
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
 
     mtp = qwen35_checkpoint(tmp_path / "qwen35", with_mtp=True)
     target = load_engine(path=str(tmp_path / "qwen35"), precision="float32")
@@ -276,7 +276,7 @@ def test_qwen35_checkpoint_mtp_head_loads_and_is_lossless(tmp_path):
 @pytest.mark.parametrize("rollback", ["checkpoint", "recompute", "auto"])
 def test_hybrid_target_with_its_own_mtp_head_every_rollback(tmp_path, rollback):
     """Qwen3.5 layout (Gated DeltaNet + attention): the checkpoint's head at K = 1, 8, 32 (layer skip refuses it, clearly)."""
-    from specpipe.engine.loader import load_engine
+    from specpipe.engine.load.loader import load_engine
 
     qwen35_checkpoint(tmp_path / "qwen35", with_mtp=True)
     target = load_engine(path=str(tmp_path / "qwen35"), precision="float32")
@@ -290,7 +290,7 @@ def test_hybrid_target_with_its_own_mtp_head_every_rollback(tmp_path, rollback):
 
 
 def test_folder_without_mtp_weights_names_the_drafters_that_work(tmp_path):
-    from specpipe.engine.loader import load_engine
+    from specpipe.engine.load.loader import load_engine
 
     qwen35_checkpoint(tmp_path / "plain", with_mtp=False)
     target = load_engine(path=str(tmp_path / "plain"), precision="float32")
@@ -318,7 +318,7 @@ def test_config_composes(draft):
 
 
 def test_train_drafter_writes_a_loadable_head_and_resumes(tmp_path):
-    from specpipe.train_drafter import train
+    from specpipe.train.drafter import train
 
     corpus = tmp_path / "corpus.py"
     corpus.write_text("def add(a, b):\n    return a + b\n" * 60)
@@ -345,8 +345,8 @@ def test_train_drafter_writes_a_loadable_head_and_resumes(tmp_path):
 
 def test_train_drafter_mixes_in_the_targets_own_answers(tmp_path):
     """answers=0.5: half the sequences are chat prompt tails + the target's greedy answer, and a head trains on them."""
-    from specpipe.train_answers import answer_sequences, task_prompts
-    from specpipe.train_drafter import train
+    from specpipe.train.answers import answer_sequences, task_prompts
+    from specpipe.train.drafter import train
 
     corpus = tmp_path / "corpus.py"
     corpus.write_text("".join(f"def add_{i}(a, b):\n    total = a + b\n    return total * {i}\n\n" for i in range(40)))

@@ -255,7 +255,7 @@ def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
 def test_stop_signal_during_bench(tmp_path):
     args = ["model=tiny-random", "suite=code", "limit=6", "max_tokens=48", "anchor=false", "warmup=false",
             f"hydra.run.dir={tmp_path / 'b'}"]
-    proc = start("specpipe.bench", args, tmp_path, stdout=subprocess.DEVNULL)
+    proc = start("specpipe.bench.harness", args, tmp_path, stdout=subprocess.DEVNULL)
     first = proc.stderr.readline()
     while not first.startswith("[bench 1/"):
         assert first, proc.stderr.read()
@@ -283,7 +283,7 @@ def test_stop_signal_during_training_checkpoints_and_resumes(tmp_path, corpus):
     head = tmp_path / "head"
     args = ["model=tiny-random", f"corpus={corpus}", f"out={head}", "sequences=16", "seq_len=32", "save_every=100000",
             f"hydra.run.dir={tmp_path / 't'}"]
-    proc = start("specpipe.train_drafter", [*args, "steps=100000"], tmp_path, stdout=subprocess.DEVNULL)
+    proc = start("specpipe.train.drafter", [*args, "steps=100000"], tmp_path, stdout=subprocess.DEVNULL)
     line = proc.stderr.readline()
     while "target hidden states: 16/16" not in line:
         assert line, proc.stderr.read()
@@ -296,7 +296,7 @@ def test_stop_signal_during_training_checkpoints_and_resumes(tmp_path, corpus):
     assert "Traceback" not in err and last.startswith("specpipe-train-drafter: error: stopped by SIGTERM: checkpoint at step")
     step = json.loads((head / "train_state" / "state.json").read_text())["step"]
     assert step >= 1 and f"step {step}/100000" in last
-    again = run_cli([*args, f"steps={step + 2}", "hydra.run.dir=" + str(tmp_path / "t2")], tmp_path, "specpipe.train_drafter")
+    again = run_cli([*args, f"steps={step + 2}", "hydra.run.dir=" + str(tmp_path / "t2")], tmp_path, "specpipe.train.drafter")
     assert again.returncode == 0, again.stderr
     assert f"resuming at step {step}" in again.stderr
     assert json.loads((head / "train_state" / "state.json").read_text())["step"] == step + 2
@@ -305,7 +305,7 @@ def test_stop_signal_during_training_checkpoints_and_resumes(tmp_path, corpus):
 def test_ctrl_c_before_training_starts(tmp_path, corpus):
     args = ["model=tiny-random", f"corpus={corpus}", f"out={tmp_path / 'head'}", "sequences=4000", "seq_len=32", "chunk=4",
             f"hydra.run.dir={tmp_path / 't'}"]
-    proc = start("specpipe.train_drafter", args, tmp_path, stdout=subprocess.DEVNULL)
+    proc = start("specpipe.train.drafter", args, tmp_path, stdout=subprocess.DEVNULL)
     line = proc.stderr.readline()
     while "target hidden states" not in line:  # inside the precompute
         assert line, proc.stderr.read()
@@ -320,7 +320,7 @@ def test_ctrl_c_before_training_starts(tmp_path, corpus):
 
 
 def test_trainer_override_typo_is_one_line(tmp_path):
-    proc = run_cli(["model=tiny-random", "stepz=3"], tmp_path, "specpipe.train_drafter")
+    proc = run_cli(["model=tiny-random", "stepz=3"], tmp_path, "specpipe.train.drafter")
     assert proc.returncode == 2
     assert "unknown config key 'stepz'" in error_line(proc.stderr, "specpipe-train-drafter")
     assert not (tmp_path / "outputs").exists()  # refused before Hydra made a run folder
@@ -364,7 +364,8 @@ def test_gguf_cut_in_half(tmp_path, smollm2_gguf):
 
 
 def test_unsupported_packaged_model_is_refused_before_download(tmp_path, monkeypatch):
-    from specpipe.engine import loader, model_store
+    from specpipe.engine.load import loader
+    from specpipe.engine.load import model_store
     from specpipe.errors import ConfigError
 
     monkeypatch.setattr(model_store, "model_path", lambda *a, **k: pytest.fail("downloaded before refusing"))

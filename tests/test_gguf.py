@@ -1,4 +1,4 @@
-"""`specpipe.engine.gguf.read_gguf` against references that do not use it.
+"""`specpipe.engine.load.gguf.read_gguf` against references that do not use it.
 
 * Weights/architecture: a float64 numpy forward pass that reads the GGUF
   itself with `gguf.GGUFReader` + `gguf.quants.dequantize` and applies RoPE
@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from specpipe.engine import gguf as gguf_loader
-from specpipe.engine.build import apply_precision, build_model
-from specpipe.engine.gguf import read_gguf
+from specpipe.engine.load import gguf as gguf_loader
+from specpipe.engine.load.build import apply_precision, build_model
+from specpipe.engine.load.gguf import read_gguf
 from specpipe.errors import SpecpipeError
 
 # mlx float32 vs numpy float64 on bit-identical dequantized weights (see

@@ -12,7 +12,7 @@ from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 
 from conftest import first_difference, generate, make_drafter, noisy_copy
 from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV, WindowKVCache, kv_figures
-from specpipe.engine.loader import load_engine
+from specpipe.engine.load.loader import load_engine
 from specpipe.errors import SpecpipeError
 from specpipe.rollbacks.recompute import RecomputeRollback
 
@@ -109,9 +109,9 @@ def test_window_rolls_back_after_wrapping_and_refuses_past_its_margin():
 def test_recompute_rollback_on_a_window(arch):
     """rollback=recompute trims the fed positions and replays the kept ones: exact on a window too."""
     from specpipe.budgets.fixed import FixedBudget
-    from specpipe.pipeline import SpeculativePipeline
-    from specpipe.stages.bonus import GreedyBonus
-    from specpipe.stages.compare import GreedyComparator
+    from specpipe.core.pipeline import SpeculativePipeline
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
 
     kv = WindowKV(size=12)
     target = engine(arch, kv)

@@ -7,8 +7,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import save_config, save_model
 
-from specpipe.engine.loader import load_engine
-from specpipe.engine.tiny import build_tiny, byte_tokenizer, tiny_config
+from specpipe.engine.load.loader import load_engine
+from specpipe.engine.load.tiny import build_tiny, byte_tokenizer, tiny_config
 from specpipe.errors import SpecpipeError
 
 IDS = mx.array([5, 70, 71, 72, 32, 99, 100], dtype=mx.uint32)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specpipe.engine import model_store as ms
-from specpipe.engine.fetch_progress import FetchProgress
+from specpipe.engine.load import model_store as ms
+from specpipe.engine.load.fetch_progress import FetchProgress
 from specpipe.errors import SpecpipeError
 
 SMOL_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

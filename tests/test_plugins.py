@@ -16,7 +16,7 @@ from omegaconf import MISSING, OmegaConf
 
 import specpipe.config as config
 from conftest import CONF_DIR
-from specpipe import protocols
+from specpipe.core import protocols
 from specpipe.errors import ConfigError
 from specpipe.plugins import RUNTIME, build_plugin, check_plugin_keys, config_parameters, plugin_class
 from specpipe.preflight import check_config
@@ -122,7 +122,7 @@ def test_confidence_without_a_drafter_that_takes_p_min_is_refused_before_loading
 
 def test_building_auto_times_nothing_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
-    import specpipe.calibrate as calibrate
+    import specpipe.costmodel.calibration as calibrate
 
     def forbidden(*args, **kwargs):
         raise AssertionError("constructing a budget must not calibrate")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from specpipe.prompt_args import PromptArgError, expand_prompt_args, hydra_quote
+from specpipe.cli.prompt_args import PromptArgError, expand_prompt_args, hydra_quote
 
 
 def _through_hydra(override: str) -> str:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MODULES = {"specpipe": "specpipe.cli.generate", "specpipe-bench": "specpipe.bench", "specpipe-calibrate": "specpipe.cli.calibrate",
-           "specpipe-train-drafter": "specpipe.train_drafter", "specpipe-chat": "tui.cli",
-           "specpipe-models": "specpipe.engine.model_store", "specpipe-bench-report": "specpipe.bench_report",
+MODULES = {"specpipe": "specpipe.cli.generate", "specpipe-bench": "specpipe.bench.harness", "specpipe-calibrate": "specpipe.cli.calibrate",
+           "specpipe-train-drafter": "specpipe.train.drafter", "specpipe-chat": "tui.cli",
+           "specpipe-models": "specpipe.engine.load.model_store", "specpipe-bench-report": "specpipe.bench.report",
            "specpipe-serve": "specpipe.serve.cli"}
 NEEDS_DOWNLOAD = re.compile(r"qwen|real-pair|/path/to|fetch ")
 TINY = ["model=tiny-random", "+model.tiny.num_hidden_layers=16"]
@@ -47,7 +47,7 @@ def compose(words: list[str]) -> str | None:
     """The config check `specpipe ... --cfg job` does, in this process: a one-line message or None."""
     import specpipe.serve.config  # noqa: F401  (the serve schema)
     from specpipe.cli.argv import flags_first as _flags_first, rerun_args, validate_overrides
-    from specpipe.prompt_args import expand_prompt_args
+    from specpipe.cli.prompt_args import expand_prompt_args
 
     tool, args = words[0], _flags_first(expand_prompt_args(rerun_args(words[1:])))
     return validate_overrides(args, CONFIG_NAME.get(tool, "config"), tool)

@@ -16,7 +16,7 @@ from conftest import first_difference, make_drafter, noisy_copy, tiny
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.errors import SpecpipeError
 from specpipe.events import RunFinished
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture, Engine
 from specpipe.rollbacks import layers as cache_layers
@@ -24,8 +24,8 @@ from specpipe.rollbacks.auto import AutoRollback
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.recompute import RecomputeRollback
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 
 KS = [1, 2, 4, 8, 16, 32]
 MAX_TOKENS = 32
@@ -231,8 +231,8 @@ def test_hybrid_model_folder_round_trip(tmp_path):
     """A tiny hybrid saved with mlx-lm's own utilities loads through load_engine(path=)."""
     from mlx_lm.utils import save_config, save_model
 
-    from specpipe.engine.loader import load_engine
-    from specpipe.engine.tiny import build_tiny, byte_tokenizer
+    from specpipe.engine.load.loader import load_engine
+    from specpipe.engine.load.tiny import build_tiny, byte_tokenizer
 
     model, config = build_tiny("qwen3_next")
     save_model(tmp_path, model)

@@ -11,17 +11,17 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import specpipe.stages.compare as compare
+import specpipe.core.stages.compare as compare
 from conftest import noisy_copy
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.ngram import NgramDrafter
-from specpipe.engine.loader import load_engine
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.engine.load.loader import load_engine
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.sampling import Sampler
-from specpipe.stages.bonus import SampledBonus
-from specpipe.stages.compare import MatchComparator, RejectionComparator
+from specpipe.core.sampling import Sampler
+from specpipe.core.stages.bonus import SampledBonus
+from specpipe.core.stages.compare import MatchComparator, RejectionComparator
 
 # ---------------------------------------------------------------- one round, exactly
 

@@ -23,11 +23,11 @@ from specpipe.budgets.fixed import FixedBudget
 from specpipe.engine import introspect
 from specpipe.engine.engine import HIDDEN, Capture, Engine
 from specpipe.errors import SpecpipeError
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.auto import AutoRollback
 from specpipe.rollbacks.checkpoint import CheckpointRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "specpipe").rglob("*.py")) + sorted((ROOT / "tui").rglob("*.py"))

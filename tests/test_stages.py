@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from conftest import generate, make_drafter, tiny
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.errors import SpecpipeError
-from specpipe.pipeline import cut
+from specpipe.core.pipeline import cut
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.compare import GreedyComparator
-from specpipe.stages.draft import Draft
+from specpipe.core.stages.compare import GreedyComparator
+from specpipe.core.stages.draft import Draft
 
 V = 10
 

@@ -21,7 +21,7 @@ def _console(tool: str, args: list[str], cwd: Path) -> subprocess.CompletedProce
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_bench_sweep_through_a_launcher_gives_one_report(tmp_path, launcher):
-    proc = _console("specpipe.bench", [f"hydra/launcher={launcher}", *BENCH], tmp_path)
+    proc = _console("specpipe.bench.harness", [f"hydra/launcher={launcher}", *BENCH], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (sweep,) = list((tmp_path / "outputs" / "bench" / "multirun").glob("*/*"))
     records = [json.loads(line) for line in (sweep / "bench.jsonl").read_text().splitlines()]
@@ -30,7 +30,7 @@ def test_bench_sweep_through_a_launcher_gives_one_report(tmp_path, launcher):
         (k, p) for k in (4, 8) for p in {r["prompt_id"] for r in records})
     assert len(records) == 4
     assert len({r["device"]["blas"] for r in records}) == 1
-    report = _console("specpipe.bench_report", [str(sweep)], tmp_path)
+    report = _console("specpipe.bench.report", [str(sweep)], tmp_path)
     assert report.returncode == 0, report.stderr
     text = (sweep / "report.md").read_text()
     assert "| 4 |" in text.replace("k=4", "| 4 |") and "| 8 |" in text.replace("k=8", "| 8 |")

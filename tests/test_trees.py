@@ -12,10 +12,10 @@ from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, Verified
-from specpipe.pipeline import SpeculativePipeline
+from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.stages.bonus import GreedyBonus
-from specpipe.stages.compare import GreedyComparator
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.trees.drafting import ngram_candidates
 from specpipe.trees.forward import keep_path, tree_forward
 from specpipe.trees.shape import TreeShape
@@ -174,7 +174,7 @@ def test_tree_max_tokens(setup, max_tokens):
 
 @pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text", "phi3"])  # hybrid recurrent; sliding window; untested family
 def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
-    from specpipe.engine.loader import load_engine
+    from specpipe.engine.load.loader import load_engine
 
     target = load_engine("tiny-random", precision="float32", arch=arch)
     with pytest.raises(SpecpipeError) as err:
@@ -254,7 +254,7 @@ def test_tree_rejection_sampling_keeps_the_target_distribution(broken):
 
 
 def test_sampled_tree_run_is_seeded_and_reproducible(setup):
-    from specpipe.sampling import Sampler
+    from specpipe.core.sampling import Sampler
 
     target, _, prompt, _ = setup
     runs = []

@@ -15,7 +15,7 @@ from rich.console import Console
 
 import specpipe.config  # noqa: F401
 from specpipe.events import Drafted, Emitted, RunFinished, RunStarted, Verified, read_events
-from specpipe.pipeline import RunControl
+from specpipe.core.pipeline import RunControl
 from tui.app import ChatApp
 from tui.cli import parse_flags, parse_replay, recorded_config
 from tui.figures import Figures

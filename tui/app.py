@@ -26,7 +26,7 @@ from textual.widgets import Footer, Header, Input, Static
 from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
 from specpipe.events import Emitted, EventWriter, PrefillDone, PrefillProgress, RunError, RunFinished, RunStarted
-from specpipe.pipeline import RunControl
+from specpipe.core.pipeline import RunControl
 from tui.figures import Figures
 from tui.messages import EventsArrived, GenerationEnded, GenerationFailed
 from tui.screens.config import ConfigScreen

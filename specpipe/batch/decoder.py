@@ -22,9 +22,9 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from specpipe.batch.cache import RaggedBatch
-from specpipe.pipeline import cut
-from specpipe.stages.compare import first_false
-from specpipe.stages.draft import Draft
+from specpipe.core.pipeline import cut
+from specpipe.core.stages.compare import first_false
+from specpipe.core.stages.draft import Draft
 
 BATCHABLE_DRAFTERS = ("none", "ngram")  # drafters without a model cache of their own
 
@@ -43,10 +43,10 @@ def refusal(target, drafter_name: str) -> str | None:
 def session_plugins(session):
     """(seed, temperature=, top_p=) -> (drafter, comparator, bonus, greedy): what `Session` builds,
     fresh for each row; None keeps the server's configured value."""
-    from specpipe.sampling import Sampler
+    from specpipe.core.sampling import Sampler
     from specpipe.session import build_plugin
-    from specpipe.stages.bonus import GreedyBonus, SampledBonus
-    from specpipe.stages.compare import GreedyComparator
+    from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+    from specpipe.core.stages.compare import GreedyComparator
 
     cfg = session.cfg
 

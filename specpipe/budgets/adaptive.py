@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import BudgetBase
+from specpipe.core.protocols import BudgetBase
 
 
 class AdaptiveBudget(BudgetBase):

@@ -53,7 +53,7 @@ from __future__ import annotations
 from specpipe.budgets.fixed import K_MAX
 from specpipe.errors import SpecpipeError
 from specpipe.events import BudgetDecision
-from specpipe.protocols import BudgetBase, Drafter
+from specpipe.core.protocols import BudgetBase, Drafter
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
 MEASURED_FORGET = 0.8  # verify timings follow the machine's load faster than acceptance follows the text
@@ -101,7 +101,7 @@ class AutoBudget(BudgetBase):
         """Calibrate for this target and drafter: the device's verify curve and the draft cost (both
         timed once per device and cached on disk), whether the drafter can look back, and the rates an
         earlier session of this process learned for the same pair."""
-        from specpipe.calibrate import draft_cost, verify_cost_curve
+        from specpipe.costmodel.calibration import draft_cost, verify_cost_curve
 
         self.ratio = verify_cost_curve(target, self.quick)["ratio"]
         self.c = draft_cost(drafter, target, self.quick)
@@ -180,7 +180,7 @@ class AutoBudget(BudgetBase):
         return _optimistic(self._next)
 
     def _best(self, alpha: float, g: float | None = None) -> int:
-        from specpipe.calibrate import expected_speedup
+        from specpipe.costmodel.calibration import expected_speedup
 
         g = self.continuation if g is None else g
         scores = {k: expected_speedup(alpha, k, self.c, self.ratio, g) for k in range(0, self.k_max + 1)}
@@ -194,7 +194,7 @@ class AutoBudget(BudgetBase):
 
     def _decide(self, k: int, reason: str) -> int:
         """Record why this step drafts k (the step's Drafted event carries it) and return k."""
-        from specpipe.calibrate import expected_speedup
+        from specpipe.costmodel.calibration import expected_speedup
 
         a, g = (self.alpha_optimistic, self.continuation_optimistic) if reason == "probe" else (self.alpha, self.continuation)
         self.decision = BudgetDecision(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import BudgetBase
+from specpipe.core.protocols import BudgetBase
 
 K_MAX = 32
 

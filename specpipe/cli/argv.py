@@ -11,12 +11,12 @@ from specpipe.cli.shell import EXIT_CONFIG, fail
 
 
 def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]:
-    """Read sys.argv as Hydra will, after the prompt forms (specpipe/prompt_args.py) and
+    """Read sys.argv as Hydra will, after the prompt forms (specpipe/cli/prompt_args.py) and
     `--rerun RUN_DIR` are turned into Hydra's own arguments; exit with one line on bad input.
 
     Sets sys.argv to what Hydra should parse and returns the arguments after the program name.
     """
-    from specpipe.prompt_args import PromptArgError, expand_prompt_args
+    from specpipe.cli.prompt_args import PromptArgError, expand_prompt_args
 
     argv = sys.argv[1:]
     try:
@@ -162,7 +162,7 @@ def describe_config_error(exc: Exception) -> str:
 def flags_first(argv: list[str]) -> list[str]:
     """Hydra's flags (with their values) before the overrides: Hydra's argparse rejects overrides
     that follow a flag (`a=1 -m b=2` fails with "unrecognized arguments: b=2")."""
-    from specpipe.prompt_args import FLAGS_WITH_VALUE, INFO_VALUES
+    from specpipe.cli.prompt_args import FLAGS_WITH_VALUE, INFO_VALUES
 
     flags, overrides, i = [], [], 0
     while i < len(argv):
@@ -182,7 +182,7 @@ def flags_first(argv: list[str]) -> list[str]:
 
 def overrides_only(argv: list[str]) -> list[str]:
     """argv without Hydra's flags and their values (`-cp DIR`, `-cn NAME`, `-m`)."""
-    from specpipe.prompt_args import FLAGS_WITH_VALUE
+    from specpipe.cli.prompt_args import FLAGS_WITH_VALUE
 
     out, skip = [], False
     for a in argv:

@@ -28,7 +28,7 @@ def _task(cfg) -> None:
 
 def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     """Measure, save and describe the device's speculation economics."""
-    from specpipe.calibrate import draft_cost, expected_speedup, verify_cost_curve
+    from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
     from specpipe.cli.shell import hydra_output_dir
     from specpipe.config_groups import with_group
     from specpipe.runner import device

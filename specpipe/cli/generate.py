@@ -39,7 +39,7 @@ class TerminalPrinter:
         self.progress = PrefillBar(progress_tokens)
 
     def __call__(self, event) -> None:
-        from specpipe.engine.blas import blas_info, blas_phrase
+        from specpipe.engine.load.blas import blas_info, blas_phrase
         from specpipe.events import Emitted, RunFinished, RunStarted
 
         self.progress(event)

@@ -77,7 +77,7 @@ def preload_blas() -> None:
     """Load the fastest BLAS before anything imports MLX. Says nothing here: which BLAS is in use
     (and how to get a fast one) is part of the run's header line, so a bad-input error stays one line."""
     try:
-        from specpipe.engine.blas import preload_blas as preload
+        from specpipe.engine.load.blas import preload_blas as preload
     except ImportError:
         return
     preload()

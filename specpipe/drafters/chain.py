@@ -15,7 +15,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from specpipe.stages.draft import Draft
+from specpipe.core.stages.draft import Draft
 
 
 def chain(next_logits: Callable, k: int, sampler=None, p_min: float = 0.0) -> tuple[list, list]:
@@ -23,7 +23,7 @@ def chain(next_logits: Callable, k: int, sampler=None, p_min: float = 0.0) -> tu
 
     Args:
         next_logits: (i, previous token [1] uint32 or None) -> [1, vocab] float32 logits.
-        sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+        sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
         p_min: budget=confidence's floor on the top probability (0: none).
 
     Returns:

@@ -18,7 +18,7 @@ import mlx.nn as nn
 import msgspec
 from mlx_lm.models.base import create_attention_mask
 
-from specpipe.calibrate import weight_bytes
+from specpipe.costmodel.calibration import weight_bytes
 from specpipe.drafters.model import ModelDrafter
 from specpipe.engine.engine import Engine
 from specpipe.engine.introspect import LLAMA_LIKE as WORKS_ON
@@ -81,7 +81,7 @@ class LayerSkipDrafter(ModelDrafter):
             target: the target Engine (weights shared, never copied).
             depth: draft with layers [0, depth).
             layers: explicit layer indices (wins over depth), e.g. [0, 1, 2, 3, 27].
-            sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor (see ModelDrafter).
         """
         inner, _ = llama_parts(target.model, "layerskip")

@@ -16,8 +16,8 @@ import mlx.core as mx
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import DrafterBase, Rollback
-from specpipe.stages.draft import Draft
+from specpipe.core.protocols import DrafterBase, Rollback
+from specpipe.core.stages.draft import Draft
 
 
 class ModelDrafter(DrafterBase):
@@ -37,7 +37,7 @@ class ModelDrafter(DrafterBase):
             model: packaged name, "self", or ignored when `path` is set.
             path: GGUF file or model folder of the draft model.
             quant: draft weight precision; None = same as the target's config.
-            sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor: stop drafting below this top probability (0: never).
         """
         self.sampler = sampler

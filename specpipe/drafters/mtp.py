@@ -23,14 +23,14 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from specpipe.calibrate import weight_bytes
+from specpipe.costmodel.calibration import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.drafters.hidden_tape import HiddenTape
 from specpipe.drafters.mtp_head import load_head
-from specpipe.protocols import DrafterBase
+from specpipe.core.protocols import DrafterBase
 from specpipe.engine.engine import HIDDEN
 from specpipe.engine.introspect import lm_head_weights
-from specpipe.stages.draft import Draft
+from specpipe.core.stages.draft import Draft
 
 
 class MtpDrafter(DrafterBase):
@@ -45,7 +45,7 @@ class MtpDrafter(DrafterBase):
         Args:
             target: the target Engine; its embedding and LM head are shared.
             head: draft.head path (see mtp_head.load_head); None: the model's own.
-            sampler: specpipe.sampling.Sampler; None or temperature 0 drafts greedily.
+            sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor: stop chaining below this top probability (0: never).
         """
         self.target, self.sampler = target, sampler

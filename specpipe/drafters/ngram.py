@@ -17,8 +17,8 @@ import numpy as np
 
 from specpipe.drafters.ngram_index import NgramIndex
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import DrafterBase
-from specpipe.stages.draft import Draft
+from specpipe.core.protocols import DrafterBase
+from specpipe.core.stages.draft import Draft
 
 
 class NgramDrafter(DrafterBase):

@@ -3,8 +3,8 @@ through the same engine: the baseline of every comparison."""
 
 from __future__ import annotations
 
-from specpipe.protocols import DrafterBase
-from specpipe.stages.draft import Draft
+from specpipe.core.protocols import DrafterBase
+from specpipe.core.stages.draft import Draft
 
 
 class NoneDrafter(DrafterBase):

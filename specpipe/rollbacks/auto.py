@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from specpipe.protocols import RollbackBase
+from specpipe.core.protocols import RollbackBase
 from specpipe.engine import introspect
 from specpipe.engine.recurrent import StateCapture
 from specpipe.rollbacks import layers as cache_layers

@@ -25,7 +25,7 @@ import time
 from specpipe.engine import introspect
 from specpipe.engine.recurrent import StateCapture, StateRecord
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import RollbackBase
+from specpipe.core.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 
 

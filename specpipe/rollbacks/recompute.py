@@ -23,7 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specpipe.protocols import RollbackBase
+from specpipe.core.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from specpipe.errors import SpecpipeError
-from specpipe.protocols import RollbackBase
+from specpipe.core.protocols import RollbackBase
 
 
 class TrimRollback(RollbackBase):

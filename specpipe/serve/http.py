@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from specpipe.serve.openai_api import (BadRequest, chunk_body, completion_body, error_body, new_id, parse_chat,
                                        parse_completion)
-from specpipe.sampling import check_sampling
+from specpipe.core.sampling import check_sampling
 from specpipe.serve.prometheus import Metrics
 from specpipe.serve.worker import Job, QueueFull
 

@@ -73,7 +73,7 @@ class GenerationWorker:
 
     def _run(self, job: Job) -> None:
         from specpipe.events import Emitted, RunFinished
-        from specpipe.pipeline import RunControl
+        from specpipe.core.pipeline import RunControl
 
         started = time.perf_counter()
         control = RunControl()

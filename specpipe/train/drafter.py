@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import cast
 
-from specpipe.engine.blas import preload_blas
+from specpipe.engine.load.blas import preload_blas
 
 preload_blas()  # before the first `import mlx.core`: optimised BLAS, 15-25x faster CPU matmul
 
@@ -83,7 +83,7 @@ def training_stream(target, files: list[Path], cfg):
     if not n_answers:
         yield from sequences(target, files, cfg.seq_len)
         return
-    from specpipe.train_answers import answer_sequences
+    from specpipe.train.answers import answer_sequences
 
     log = lambda done: print(f"target answers: {done}/{n_answers} sequences", file=sys.stderr)  # noqa: E731
     # answers from the second half of the file order, so the two kinds come from different files
@@ -178,7 +178,7 @@ def train(cfg) -> Path:
         raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
     from omegaconf import OmegaConf
 
-    from specpipe.engine.loader import load_target
+    from specpipe.engine.load.loader import load_target
 
     target = load_target(cfg)
     target.model.freeze()

@@ -4,7 +4,7 @@ Contract: `SpeculativePipeline.run(prompt_ids, max_tokens)` yields typed
 events (events.py) ending in exactly one RunFinished, also on Ctrl-C. It
 delegates every decision to its stages and touches MLX only through them
 and the target Engine; it reaches each plug-in only through its protocol
-(specpipe/protocols.py).
+(specpipe/core/protocols.py).
 
 Cache invariant: the target cache holds every context token except the
 newest one (`last_id`), which the next verify feeds first.
@@ -23,10 +23,10 @@ from specpipe.engine.engine import Capture
 from specpipe.engine.kv import kv_figures
 from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, PrefillProgress, RolledBack, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
-from specpipe.protocols import Bonus, Budget, Comparator, Drafter, Rollback
-from specpipe.stages.compare import first_false
-from specpipe.stages.draft import Draft
-from specpipe.stages.verify import verify
+from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
+from specpipe.core.stages.compare import first_false
+from specpipe.core.stages.draft import Draft
+from specpipe.core.stages.verify import verify
 
 
 class SpeculativePipeline:

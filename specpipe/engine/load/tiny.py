@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
-from specpipe.engine.build import model_classes
+from specpipe.engine.load.build import model_classes
 from specpipe.errors import SpecpipeError
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

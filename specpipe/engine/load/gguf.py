@@ -91,7 +91,7 @@ def read_gguf(path: str | Path) -> Checkpoint:
 
     Returns:
         A `Checkpoint` whose config, weights and quantization feed
-        `specpipe.engine.build.build_model`.
+        `specpipe.engine.load.build.build_model`.
 
     Raises:
         SpecpipeError: missing or unreadable file, not GGUF, an unsupported
@@ -106,7 +106,7 @@ def read_gguf(path: str | Path) -> Checkpoint:
             + ", ".join(SUPPORTED_ARCHS)
         )
     config = _config(path, arch, meta, tensors)
-    from specpipe.engine.gguf_tokenizer import build_tokenizer
+    from specpipe.engine.load.gguf_tokenizer import build_tokenizer
 
     # Tokenizer first: its errors should not wait for gigabytes of tensors.
     tokenizer, eos_ids = build_tokenizer(meta, path.name)

@@ -18,8 +18,8 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     from specpipe.engine.engine import Engine
     from specpipe.engine.recurrent import StateCapture
     from specpipe.events import BudgetDecision
-    from specpipe.stages.compare import Verdict
-    from specpipe.stages.draft import Draft
+    from specpipe.core.stages.compare import Verdict
+    from specpipe.core.stages.draft import Draft
 
 
 # ---------------------------------------------------------------- draft

@@ -16,7 +16,7 @@ from typing import cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from specpipe.engine.build import apply_precision, build_model, weight_dtype
+from specpipe.engine.load.build import apply_precision, build_model, weight_dtype
 from specpipe.engine.engine import Engine
 from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.engine.info import ModelInfo
@@ -70,13 +70,12 @@ def load_target(cfg) -> Engine:
 
 
 def _load_packaged(name: str) -> Engine:
-    from specpipe.engine import model_store
-
+    from specpipe.engine.load import model_store
     if name not in model_store.PACKAGED_MODELS:
         known = ", ".join(sorted(model_store.PACKAGED_MODELS) + [TINY])
         raise SpecpipeError(f"unknown model {name!r}: choose one of {known}, or set model.path=<file.gguf|folder>")
     if name in UNSUPPORTED_PACKAGED:
-        from specpipe.engine.gguf import SUPPORTED_ARCHS
+        from specpipe.engine.load.gguf import SUPPORTED_ARCHS
 
         usable = ", ".join(n for n in sorted(model_store.PACKAGED_MODELS) if n not in UNSUPPORTED_PACKAGED)
         raise ConfigError(
@@ -91,7 +90,7 @@ def _load_packaged(name: str) -> Engine:
 def _load_path(path: str) -> Engine:
     p = Path(path).expanduser()
     if not p.exists():
-        from specpipe.engine.model_store import resolve_hf_cache
+        from specpipe.engine.load.model_store import resolve_hf_cache
 
         if "/" in path and not path.startswith((".", "/", "~")):
             found = resolve_hf_cache(path)
@@ -106,7 +105,7 @@ def _load_path(path: str) -> Engine:
 def _load_gguf(path: Path, name: str, source: str, sha256: str) -> Engine:
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
-    from specpipe.engine.gguf import read_gguf
+    from specpipe.engine.load.gguf import read_gguf
 
     ckpt = read_gguf(path)
     model = build_model(ckpt.config, ckpt.weights, ckpt.quantization)
@@ -139,7 +138,7 @@ def _load_folder(path: Path, name: str) -> Engine:
 def _load_tiny(arch: str, seed: int, overrides: dict) -> Engine:
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
-    from specpipe.engine.tiny import build_tiny, byte_tokenizer
+    from specpipe.engine.load.tiny import build_tiny, byte_tokenizer
 
     model, config = build_tiny(arch, seed, overrides)
     tok = byte_tokenizer()

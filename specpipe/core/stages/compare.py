@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from specpipe.protocols import Comparator  # noqa: F401  (the protocol, with the other kinds')
-from specpipe.stages.draft import Draft
+from specpipe.core.protocols import Comparator  # noqa: F401  (the protocol, with the other kinds')
+from specpipe.core.stages.draft import Draft
 
 
 @dataclass

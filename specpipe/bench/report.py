@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from specpipe.bench_records import read_records
+from specpipe.bench.records import read_records
 
 # ---------------------------------------------------------------- aggregation
 
@@ -301,7 +301,7 @@ def _fmt(value, suffix: str = "") -> str:
 
 def write_report(target: str | Path) -> Path:
     """Render `report.md` and the PNGs next to the results; returns the report path."""
-    from specpipe.bench_plots import draw_all
+    from specpipe.bench.plots import draw_all
 
     target = Path(target)
     sources = find_results(target)

@@ -16,7 +16,7 @@ import time
 
 import mlx.core as mx
 
-from specpipe.engine.model_store import cache_dir
+from specpipe.engine.load.model_store import cache_dir
 
 FULL_POINTS = list(range(1, 34))
 QUICK_POINTS = [1, 2, 3, 5, 9, 17, 33]

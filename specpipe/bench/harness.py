@@ -40,7 +40,7 @@ def _task(cfg) -> None:
         if not results.exists():
             raise
         raise Stopped(f": every finished prompt is in {results} (rerun with resume=true results={results})") from None
-    from specpipe.bench_report import verdicts
+    from specpipe.bench.report import verdicts
 
     for line in verdicts(records):
         print(line)
@@ -76,8 +76,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from omegaconf import OmegaConf
 
     from specpipe import signals
-    from specpipe.bench_measure import measure_mlx_lm, measure_specpipe
-    from specpipe.bench_records import ResultsFile, config_hash, first_mismatch, load_suite
+    from specpipe.bench.measure import measure_mlx_lm, measure_specpipe
+    from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite
     from specpipe.config_groups import group_option
     from specpipe.errors import SpecpipeError
     from specpipe.runner import device, versions
@@ -148,7 +148,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             anchor_runs(ids, n)
 
     env = {"versions": versions(), "device": device()}
-    from specpipe.engine.blas import blas_info, blas_phrase
+    from specpipe.engine.load.blas import blas_info, blas_phrase
 
     log(f"[bench] {label['model']} ({label['precision']}), {len(pending)} prompts, {blas_phrase(blas_info())}")
     records = []
@@ -234,7 +234,7 @@ def _shared_target(cfg):
     """The target Engine, loaded once per process and reused by later sweep jobs with the same model."""
     from omegaconf import OmegaConf
 
-    from specpipe.engine.loader import load_target
+    from specpipe.engine.load.loader import load_target
 
     key = repr((OmegaConf.to_container(cfg.model, resolve=True), cfg.quant.precision))
     if key not in _loaded_target:

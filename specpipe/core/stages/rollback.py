@@ -15,7 +15,7 @@ Worked example: cache holds 10 positions; verify feeds [last, d1, d2, d3]
 
 from __future__ import annotations
 
-from specpipe.protocols import Rollback
+from specpipe.core.protocols import Rollback
 
 
-RollbackStrategy = Rollback  # the protocol, in specpipe/protocols.py with the other kinds'
+RollbackStrategy = Rollback  # the protocol, in specpipe/core/protocols.py with the other kinds'

@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpipe.engine.fetch_progress import FetchProgress
+from specpipe.engine.load.fetch_progress import FetchProgress
 from specpipe.errors import SpecpipeError
 
 
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "list":
             print(f"cache: {cache_dir() / 'models'}")
-            from specpipe.engine.loader import UNSUPPORTED_PACKAGED  # here: the loader imports this module
+            from specpipe.engine.load.loader import UNSUPPORTED_PACKAGED  # here: the loader imports this module
 
             for spec in PACKAGED_MODELS.values():
                 state = "cached" if _marker_ok(spec, _target(spec)) else "-"

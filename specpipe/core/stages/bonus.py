@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specpipe.protocols import Bonus  # noqa: F401  (the protocol, with the other kinds')
+from specpipe.core.protocols import Bonus  # noqa: F401  (the protocol, with the other kinds')
 
 
 class GreedyBonus:

@@ -9,7 +9,7 @@ target's hidden states of every prefill and verify (`observe_hidden`).
 
 `hindsight(context_ids, m)` (when `supports_hindsight`) is the drafter's guess for tokens
 the target already emitted: acceptance evidence without a verify forward.
-The Drafter protocol itself is in specpipe/protocols.py.
+The Drafter protocol itself is in specpipe/core/protocols.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specpipe.protocols import Drafter  # noqa: F401  (the protocol lives with the other kinds')
+from specpipe.core.protocols import Drafter  # noqa: F401  (the protocol lives with the other kinds')
 
 
 @dataclass

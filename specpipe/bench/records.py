@@ -25,8 +25,8 @@ UNHASHED_KEYS = ("limit", "resume", "results", "warmup", "repeats")  # how much 
 
 
 def suite_names() -> list[str]:
-    """Packaged suites (specpipe/suites/*.jsonl)."""
-    return sorted(p.name[: -len(".jsonl")] for p in resources.files("specpipe.suites").iterdir() if p.name.endswith(".jsonl"))
+    """Packaged suites (specpipe/bench/suites/*.jsonl)."""
+    return sorted(p.name[: -len(".jsonl")] for p in resources.files("specpipe.bench.suites").iterdir() if p.name.endswith(".jsonl"))
 
 
 def load_suite(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
@@ -44,7 +44,7 @@ def load_suite(name: str, path: str | None = None, limit: int | None = None) -> 
             raise SpecpipeError(f"suite.path={path} does not exist: give a JSONL file of {{\"id\", \"prompt\"}} lines")
         text = source.read_text(encoding="utf-8")
     else:
-        packaged = resources.files("specpipe.suites") / f"{name}.jsonl"
+        packaged = resources.files("specpipe.bench.suites") / f"{name}.jsonl"
         if not packaged.is_file():
             raise SpecpipeError(f"unknown suite {name!r}: choose one of {', '.join(suite_names())}, or set suite.path")
         text, source = packaged.read_text(encoding="utf-8"), name

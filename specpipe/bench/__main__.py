@@ -1,0 +1,5 @@
+"""`python -m specpipe.bench` runs the console script."""
+
+from specpipe.bench.harness import main
+
+main()

@@ -1,0 +1,3 @@
+"""`specpipe-train-drafter`: an MTP head for a frozen target (`drafter.py`), trained on corpus
+text and the target's own answers (`answers.py`).
+"""

@@ -1,0 +1,5 @@
+"""`python -m specpipe.train` runs the console script."""
+
+from specpipe.train.drafter import main
+
+main()
