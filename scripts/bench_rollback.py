@@ -30,23 +30,37 @@ except ImportError:  # pragma: no cover
 
 import mlx.core as mx
 
+from specpipe.core.stages.verify import verify
+from specpipe.engine.engine import Capture
 from specpipe.engine.load.loader import load_engine
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.recompute import RecomputeRollback
-from specpipe.engine.engine import Capture
-from specpipe.core.stages.verify import verify
 
 # ~100M parameters, most of them in the layers (vocab is the tiny 259-token one).
 OVERRIDES = {
     "qwen3_next": dict(
-        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, full_attention_interval=4,
-        num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-        linear_num_value_heads=16, linear_num_key_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        full_attention_interval=4,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+        linear_num_value_heads=16,
+        linear_num_key_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
     ),
     "nemotron_h": dict(
-        hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-        mamba_num_heads=24, mamba_head_dim=64, ssm_state_size=64,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+        mamba_num_heads=24,
+        mamba_head_dim=64,
+        ssm_state_size=64,
         hybrid_override_pattern=["M", "-", "M", "*", "-", "M", "-", "M", "*", "-", "M", "-", "M", "-"],
     ),
 }

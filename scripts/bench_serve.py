@@ -31,8 +31,11 @@ SUITE = Path(__file__).resolve().parent.parent / "specpipe" / "suites" / "code.j
 
 
 def start_server(overrides: list[str], max_batch: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "specpipe.serve.cli", "port=0", f"max_batch={max_batch}",
-                             "max_queue=64", *overrides], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specpipe.serve.cli", "port=0", f"max_batch={max_batch}", "max_queue=64", *overrides],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while True:
         line = proc.stderr.readline()
         if not line:
@@ -45,8 +48,13 @@ def start_server(overrides: list[str], max_batch: int) -> tuple[subprocess.Popen
 
 def one_request(client: OpenAI, prompt: str, max_tokens: int) -> dict:
     started = time.perf_counter()
-    stream = client.chat.completions.create(model="specpipe", messages=[{"role": "user", "content": prompt}],
-                                            max_tokens=max_tokens, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="specpipe",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+    )
     text, arrivals, figures, tokens = [], [], {}, 0
     for chunk in stream:
         extra = chunk.model_extra or {}
@@ -58,9 +66,17 @@ def one_request(client: OpenAI, prompt: str, max_tokens: int) -> dict:
             figures = extra.get("specpipe", {})
     ended = time.perf_counter()
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    return {"prompt": prompt, "text": "".join(text), "tokens": tokens, "ttft_s": arrivals[0] - started if arrivals else None,
-            "latency_s": ended - started, "gaps": gaps, "drafted": figures.get("drafted", 0),
-            "accepted": figures.get("accepted", 0), "queue_s": figures.get("queue_s", 0.0)}
+    return {
+        "prompt": prompt,
+        "text": "".join(text),
+        "tokens": tokens,
+        "ttft_s": arrivals[0] - started if arrivals else None,
+        "latency_s": ended - started,
+        "gaps": gaps,
+        "drafted": figures.get("drafted", 0),
+        "accepted": figures.get("accepted", 0),
+        "queue_s": figures.get("queue_s", 0.0),
+    }
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -80,12 +96,23 @@ def run_level(base: str, prompts: list[str], clients: int, per_client: int, max_
     gaps = [g for r in results for g in r["gaps"]]
     drafted, accepted = sum(r["drafted"] for r in results), sum(r["accepted"] for r in results)
     ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
-    return {"clients": clients, "requests": len(results), "tokens": sum(r["tokens"] for r in results), "wall_s": wall,
-            "tok_s": sum(r["tokens"] for r in results) / wall,
-            "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
-            "itl_p50_s": percentile(gaps, 50), "itl_p95_s": percentile(gaps, 95), "itl_p99_s": percentile(gaps, 99),
-            "tpot_s": statistics.mean((r["latency_s"] - r["ttft_s"]) / max(r["tokens"] - 1, 1) for r in results if r["ttft_s"]),
-            "acceptance": accepted / drafted if drafted else 0.0, "answers": {r["prompt"]: r["text"] for r in results}}
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "tokens": sum(r["tokens"] for r in results),
+        "wall_s": wall,
+        "tok_s": sum(r["tokens"] for r in results) / wall,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "itl_p50_s": percentile(gaps, 50),
+        "itl_p95_s": percentile(gaps, 95),
+        "itl_p99_s": percentile(gaps, 99),
+        "tpot_s": statistics.mean(
+            (r["latency_s"] - r["ttft_s"]) / max(r["tokens"] - 1, 1) for r in results if r["ttft_s"]
+        ),
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "answers": {r["prompt"]: r["text"] for r in results},
+    }
 
 
 def main() -> None:
@@ -94,9 +121,12 @@ def main() -> None:
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--variants", nargs="+", default=["off=draft=none", "on=draft=ngram,budget.k=8",
-                                                      "auto=draft=ngram,budget=auto"],
-                    help="name=override,override,... ; the first is the baseline")
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["off=draft=none", "on=draft=ngram,budget.k=8", "auto=draft=ngram,budget=auto"],
+        help="name=override,override,... ; the first is the baseline",
+    )
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default="serve_bench.jsonl")
@@ -113,8 +143,9 @@ def main() -> None:
                     order = variants if repeat % 2 == 0 else variants[::-1]  # alternate who goes first
                     level = {}
                     for name, _ in order:
-                        level[name] = run_level(servers[name][1], prompts, clients, args.requests_per_client,
-                                                args.max_tokens, args.timeout)
+                        level[name] = run_level(
+                            servers[name][1], prompts, clients, args.requests_per_client, args.max_tokens, args.timeout
+                        )
                     baseline = level[variants[0][0]]["answers"]
                     for name, _ in variants:
                         r = level[name]
@@ -123,9 +154,12 @@ def main() -> None:
                         rows.append(record)
                         out.write(json.dumps(record) + "\n")
                         out.flush()
-                        print(f"{name:>5} c={clients}: {r['tok_s']:7.1f} tok/s  ttft p50 {r['ttft_p50_s']:.3f}s  "
-                              f"itl p50/p95/p99 {r['itl_p50_s']:.3f}/{r['itl_p95_s']:.3f}/{r['itl_p99_s']:.3f}s  "
-                              f"acc {r['acceptance']:.2f}  lossless {r['lossless']}", flush=True)
+                        print(
+                            f"{name:>5} c={clients}: {r['tok_s']:7.1f} tok/s  ttft p50 {r['ttft_p50_s']:.3f}s  "
+                            f"itl p50/p95/p99 {r['itl_p50_s']:.3f}/{r['itl_p95_s']:.3f}/{r['itl_p99_s']:.3f}s  "
+                            f"acc {r['acceptance']:.2f}  lossless {r['lossless']}",
+                            flush=True,
+                        )
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -134,15 +168,30 @@ def main() -> None:
 
 
 def print_table(rows: list[dict], base: str, names: list[str]) -> None:
-    print("\n| concurrency | " + " | ".join(f"{n} tok/s" for n in names) + " | "
-          + " | ".join(f"{n} / {base}" for n in names[1:]) + " | " + " | ".join(f"{n} ITL p99" for n in names) + " |")
+    print(
+        "\n| concurrency | "
+        + " | ".join(f"{n} tok/s" for n in names)
+        + " | "
+        + " | ".join(f"{n} / {base}" for n in names[1:])
+        + " | "
+        + " | ".join(f"{n} ITL p99" for n in names)
+        + " |"
+    )
     print("|---" * (1 + 2 * len(names) + len(names) - 1) + "|")
     for c in sorted({r["clients"] for r in rows}):
         tok = {n: statistics.median(r["tok_s"] for r in rows if r["clients"] == c and r["variant"] == n) for n in names}
-        p99 = {n: statistics.median(r["itl_p99_s"] for r in rows if r["clients"] == c and r["variant"] == n) for n in names}
-        print(f"| {c} | " + " | ".join(f"{tok[n]:.1f}" for n in names) + " | "
-              + " | ".join(f"{tok[n] / tok[base]:.2f}x" for n in names[1:]) + " | "
-              + " | ".join(f"{p99[n] * 1000:.0f} ms" for n in names) + " |")
+        p99 = {
+            n: statistics.median(r["itl_p99_s"] for r in rows if r["clients"] == c and r["variant"] == n) for n in names
+        }
+        print(
+            f"| {c} | "
+            + " | ".join(f"{tok[n]:.1f}" for n in names)
+            + " | "
+            + " | ".join(f"{tok[n] / tok[base]:.2f}x" for n in names[1:])
+            + " | "
+            + " | ".join(f"{p99[n] * 1000:.0f} ms" for n in names)
+            + " |"
+        )
 
 
 if __name__ == "__main__":

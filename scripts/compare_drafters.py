@@ -22,15 +22,15 @@ preload_blas()  # before mlx
 
 def main() -> None:
     from specpipe.budgets.fixed import FixedBudget
+    from specpipe.core.pipeline import SpeculativePipeline
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
     from specpipe.drafters.layerskip import LayerSkipDrafter
     from specpipe.drafters.mtp import MtpDrafter
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
     from specpipe.engine.load.loader import load_engine
-    from specpipe.core.pipeline import SpeculativePipeline
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.core.stages.bonus import GreedyBonus
-    from specpipe.core.stages.compare import GreedyComparator
 
     parser = argparse.ArgumentParser(description="MTP head, layer skip and n-gram side by side on SmolLM2 (greedy)")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -50,16 +50,27 @@ def main() -> None:
     }
 
     def run(drafter, ids, budget):
-        pipe = SpeculativePipeline(target, drafter, FixedBudget(k=budget), GreedyComparator(), TrimRollback(), GreedyBonus())
+        pipe = SpeculativePipeline(
+            target, drafter, FixedBudget(k=budget), GreedyComparator(), TrimRollback(), GreedyBonus()
+        )
         return list(pipe.run(ids, max_tokens, stop_ids=set()))[-1]
 
     encoded = [target.encode_prompt(p["prompt"], chat=True) for p in prompts]
     baselines = [run(NoneDrafter(), ids, 1).token_ids for ids in encoded]
-    print(f"SmolLM2-135M float32, greedy, K={k}, {max_tokens} tokens x {len(prompts)} code prompts ({', '.join(p['id'] for p in prompts)})\n")
+    print(
+        f"SmolLM2-135M float32, greedy, K={k}, {max_tokens} tokens x {len(prompts)} code prompts ({', '.join(p['id'] for p in prompts)})\n"
+    )
     print("| drafter | acceptance by position 1..K | tokens / target forward | acceptance rate | drafter forwards |")
     print("|---|---|---|---|---|")
     for label, make in drafters.items():
-        totals: dict[str, Any] = {"accepted": 0, "drafted": 0, "forwards": 0, "tokens": 0, "by_pos": [0.0] * k, "draft_forwards": 0}
+        totals: dict[str, Any] = {
+            "accepted": 0,
+            "drafted": 0,
+            "forwards": 0,
+            "tokens": 0,
+            "by_pos": [0.0] * k,
+            "draft_forwards": 0,
+        }
         for ids, baseline in zip(encoded, baselines):
             final = run(make(), ids, k)
             assert final.token_ids == baseline, f"{label}: output differs from draft=none"
@@ -73,7 +84,9 @@ def main() -> None:
                 totals["by_pos"][i] += a / len(encoded)
         by_pos = " ".join(f"{a:.2f}" for a in totals["by_pos"])
         rate = totals["accepted"] / max(totals["drafted"], 1)
-        print(f"| {label} | {by_pos} | {totals['tokens'] / max(totals['forwards'], 1):.2f} | {rate:.2f} | {totals['draft_forwards']} |")
+        print(
+            f"| {label} | {by_pos} | {totals['tokens'] / max(totals['forwards'], 1):.2f} | {rate:.2f} | {totals['draft_forwards']} |"
+        )
 
 
 if __name__ == "__main__":

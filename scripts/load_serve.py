@@ -17,9 +17,11 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-PROMPTS = ["Rename the variable `items` to `values`:\n\ndef total(items):\n    return sum(item for item in items)",
-           "Write a Python function that reverses a string, with a docstring.",
-           "Explain in two sentences what a hash map is."]
+PROMPTS = [
+    "Rename the variable `items` to `values`:\n\ndef total(items):\n    return sum(item for item in items)",
+    "Write a Python function that reverses a string, with a docstring.",
+    "Explain in two sentences what a hash map is.",
+]
 
 
 def one(base: str, prompt: str, max_tokens: int) -> dict:
@@ -28,7 +30,11 @@ def one(base: str, prompt: str, max_tokens: int) -> dict:
     started = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as resp:
         answer = json.loads(resp.read())
-    return {"latency_s": time.perf_counter() - started, "tokens": answer["usage"]["completion_tokens"], **answer["specpipe"]}
+    return {
+        "latency_s": time.perf_counter() - started,
+        "tokens": answer["usage"]["completion_tokens"],
+        **answer["specpipe"],
+    }
 
 
 def main() -> None:
@@ -47,9 +53,11 @@ def main() -> None:
         wall = time.perf_counter() - started
         lat = sorted(r["latency_s"] for r in runs)
         p99 = lat[min(len(lat) - 1, round(0.99 * len(lat)) - 1)]
-        print(f"clients {c:2d}: {sum(r['tokens'] for r in runs) / wall:6.1f} tok/s aggregate | latency p50 "
-              f"{statistics.median(lat):6.2f} s p99 {p99:6.2f} s | queued p50 {statistics.median(r['queue_s'] for r in runs):5.2f} s"
-              f" | acceptance {statistics.mean(r['acceptance_rate'] for r in runs):.0%}")
+        print(
+            f"clients {c:2d}: {sum(r['tokens'] for r in runs) / wall:6.1f} tok/s aggregate | latency p50 "
+            f"{statistics.median(lat):6.2f} s p99 {p99:6.2f} s | queued p50 {statistics.median(r['queue_s'] for r in runs):5.2f} s"
+            f" | acceptance {statistics.mean(r['acceptance_rate'] for r in runs):.0%}"
+        )
 
 
 if __name__ == "__main__":

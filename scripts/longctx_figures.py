@@ -53,9 +53,15 @@ def specpipe_run(session: Session, prompt_ids: list[int], max_tokens: int) -> di
         if isinstance(event, RunFinished):
             final = event
     s = final.stats
-    return {"tokens": final.token_ids, "prefill_tok_s": s.prefill_tok_s, "ttft_s": s.ttft_s,
-            "decode_tok_s": s.decode_tok_s, "peak_mib": s.peak_memory_bytes / 2**20,
-            "kv_kib_per_token": s.kv_bytes_per_token / 1024, "acceptance": s.acceptance_rate}
+    return {
+        "tokens": final.token_ids,
+        "prefill_tok_s": s.prefill_tok_s,
+        "ttft_s": s.ttft_s,
+        "decode_tok_s": s.decode_tok_s,
+        "peak_mib": s.peak_memory_bytes / 2**20,
+        "kv_kib_per_token": s.kv_bytes_per_token / 1024,
+        "acceptance": s.acceptance_rate,
+    }
 
 
 def mlx_lm_run(engine, prompt_ids: list[int], max_tokens: int) -> dict:
@@ -71,8 +77,15 @@ def mlx_lm_run(engine, prompt_ids: list[int], max_tokens: int) -> dict:
             ttft = time.perf_counter() - t0
         tokens.append(int(response.token))
         last = response
-    return {"tokens": tokens, "prefill_tok_s": last.prompt_tps, "ttft_s": ttft, "decode_tok_s": last.generation_tps,
-            "peak_mib": mx.get_peak_memory() / 2**20, "kv_kib_per_token": 0.0, "acceptance": 0.0}
+    return {
+        "tokens": tokens,
+        "prefill_tok_s": last.prompt_tps,
+        "ttft_s": ttft,
+        "decode_tok_s": last.generation_tps,
+        "peak_mib": mx.get_peak_memory() / 2**20,
+        "kv_kib_per_token": 0.0,
+        "acceptance": 0.0,
+    }
 
 
 def main() -> None:
@@ -88,13 +101,22 @@ def main() -> None:
 
     engine = load_engine(args.model, precision="float32")
     with initialize_config_module(version_base=None, config_module="specpipe.conf"):
-        sessions = {label: Session(compose("config", overrides=[f"model={args.model}", "quant=float32", *ROWS[label]]),
-                                   target=engine) for label in args.rows if label in ROWS}
+        sessions = {
+            label: Session(
+                compose("config", overrides=[f"model={args.model}", "quant=float32", *ROWS[label]]), target=engine
+            )
+            for label in args.rows
+            if label in ROWS
+        }
     prompts = {p["id"]: p["prompt"] for p in load_suite(args.suite)}
-    print(f"# {args.model}, float32, {blas_info().name}, {args.max_tokens} tokens, {args.repeats} repeats (median), "
-          f"order flipped per repeat")
+    print(
+        f"# {args.model}, float32, {blas_info().name}, {args.max_tokens} tokens, {args.repeats} repeats (median), "
+        f"order flipped per repeat"
+    )
     print(f"# started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
-    print("| prompt | tokens | row | prefill tok/s | TTFT s | decode tok/s | decode vs plain | acceptance | peak MiB | KV KiB/token |")
+    print(
+        "| prompt | tokens | row | prefill tok/s | TTFT s | decode tok/s | decode vs plain | acceptance | peak MiB | KV KiB/token |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     out = open(args.json, "w") if args.json else None
     for size in args.sizes:
@@ -106,28 +128,57 @@ def main() -> None:
             for label in order:
                 kv_session = sessions.get(label)
                 engine.kv = kv_session.kv if kv_session else None  # the engine holds the session's KV policy
-                run = specpipe_run(kv_session, ids, args.max_tokens) if kv_session else mlx_lm_run(engine, ids, args.max_tokens)
+                run = (
+                    specpipe_run(kv_session, ids, args.max_tokens)
+                    if kv_session
+                    else mlx_lm_run(engine, ids, args.max_tokens)
+                )
                 runs[label].append(run)
                 if out:
-                    out.write(json.dumps({"prompt": pid, "row": label, "repeat": rep, **{k: v for k, v in run.items() if k != "tokens"}}) + "\n")
+                    out.write(
+                        json.dumps(
+                            {
+                                "prompt": pid,
+                                "row": label,
+                                "repeat": rep,
+                                **{k: v for k, v in run.items() if k != "tokens"},
+                            }
+                        )
+                        + "\n"
+                    )
                     out.flush()
         plain = _median(runs["plain"]) if "plain" in runs else None
         for label in args.rows:
             m = _median(runs[label])
-            same = "" if plain is None or m["tokens"] == plain["tokens"] or label == "mlx-lm" else " (tokens differ from plain!)"
+            same = (
+                ""
+                if plain is None or m["tokens"] == plain["tokens"] or label == "mlx-lm"
+                else " (tokens differ from plain!)"
+            )
             if label.startswith("plain kv="):
                 same = "" if m["tokens"] == plain["tokens"] else " (other tokens: lossy KV)"
             speedup = f"{m['decode_tok_s'] / plain['decode_tok_s']:.2f}x" if plain else "-"
-            print(f"| {pid} | {len(ids)} | {label}{same} | {m['prefill_tok_s']:.0f} | {m['ttft_s']:.2f} | {m['decode_tok_s']:.1f} | "
-                  f"{speedup} | {m['acceptance']:.0%} | {m['peak_mib']:.0f} | {m['kv_kib_per_token']:.1f} |", flush=True)
+            print(
+                f"| {pid} | {len(ids)} | {label}{same} | {m['prefill_tok_s']:.0f} | {m['ttft_s']:.2f} | {m['decode_tok_s']:.1f} | "
+                f"{speedup} | {m['acceptance']:.0%} | {m['peak_mib']:.0f} | {m['kv_kib_per_token']:.1f} |",
+                flush=True,
+            )
 
 
 def _median(runs: list[dict]) -> dict:
     """The run with the median decode speed (its other figures come with it, from one run)."""
     ordered = sorted(runs, key=lambda r: r["decode_tok_s"])
-    return ordered[len(ordered) // 2] if len(ordered) % 2 else {
-        **ordered[len(ordered) // 2], **{k: statistics.mean(r[k] for r in ordered[len(ordered) // 2 - 1 : len(ordered) // 2 + 1])
-                                         for k in ("prefill_tok_s", "ttft_s", "decode_tok_s", "peak_mib")}}
+    return (
+        ordered[len(ordered) // 2]
+        if len(ordered) % 2
+        else {
+            **ordered[len(ordered) // 2],
+            **{
+                k: statistics.mean(r[k] for r in ordered[len(ordered) // 2 - 1 : len(ordered) // 2 + 1])
+                for k in ("prefill_tok_s", "ttft_s", "decode_tok_s", "peak_mib")
+            },
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = {"longctx": {"1k": 1024, "4k": 4096, "8k": 7800}, "longctx-32k": {"16k": 16384, "32k": 32000}}
 HEAD = "Read the document below, then answer the question.\n\n---\n"
-QUESTION = ('---\n\nQuestion: quote, word for word, the whole paragraph of the document that begins with "{start}". '
-            "Answer with the quoted paragraph only.")
+QUESTION = (
+    '---\n\nQuestion: quote, word for word, the whole paragraph of the document that begins with "{start}". '
+    "Answer with the quoted paragraph only."
+)
 
 
 def sources() -> list[Path]:

@@ -24,8 +24,14 @@ def one(blas: str | None, folder: Path) -> dict:
     if blas:
         env["SPECPIPE_BLAS"] = blas
     before = set(folder.glob("outputs/*/*"))
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli", "stream=false"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", "stream=false"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         sys.exit(f"specpipe failed: {proc.stderr.strip().splitlines()[-1]}")
     (run,) = set(folder.glob("outputs/*/*")) - before
@@ -45,10 +51,14 @@ def main() -> None:
                 runs[name].append(one(blas, folder))
     med = {n: {k: statistics.median(x[k] for x in rs) for k in ("decode_tok_s", "ttft_s")} for n, rs in runs.items()}
     for n, rs in runs.items():
-        print(f"{n:9} BLAS {rs[0]['blas']:9} decode {med[n]['decode_tok_s']:6.1f} tok/s  TTFT {med[n]['ttft_s']:.2f} s  "
-              "(runs: " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in rs) + ")")
-    print(f"default / reference: decode {med['default']['decode_tok_s'] / med['reference']['decode_tok_s']:.2f}x, "
-          f"TTFT {med['default']['ttft_s'] / med['reference']['ttft_s']:.2f}x")
+        print(
+            f"{n:9} BLAS {rs[0]['blas']:9} decode {med[n]['decode_tok_s']:6.1f} tok/s  TTFT {med[n]['ttft_s']:.2f} s  "
+            "(runs: " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in rs) + ")"
+        )
+    print(
+        f"default / reference: decode {med['default']['decode_tok_s'] / med['reference']['decode_tok_s']:.2f}x, "
+        f"TTFT {med['default']['ttft_s'] / med['reference']['ttft_s']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,27 @@ import threading
 import time
 from pathlib import Path
 
-PROMPTS = [json.loads(line)["prompt"] for line in
-           (Path(__file__).resolve().parent.parent / "specpipe" / "suites" / "code.jsonl").read_text().splitlines()
-           if line.strip()][:6]
+PROMPTS = [
+    json.loads(line)["prompt"]
+    for line in (Path(__file__).resolve().parent.parent / "specpipe" / "suites" / "code.jsonl").read_text().splitlines()
+    if line.strip()
+][:6]
 
 
 def start(overrides: list[str], clients: int) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "specpipe.serve.cli", "port=0", f"max_batch={clients}",
-                             f"max_queue={4 * clients}", *overrides], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specpipe.serve.cli",
+            "port=0",
+            f"max_batch={clients}",
+            f"max_queue={4 * clients}",
+            *overrides,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while line := proc.stderr.readline():
         match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
         if match:
@@ -87,8 +100,15 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def soak(overrides: list[str], clients: int, seconds: float, max_tokens: int, disconnect: float, rss_slack: float,
-         seed: int = 0) -> dict:
+def soak(
+    overrides: list[str],
+    clients: int,
+    seconds: float,
+    max_tokens: int,
+    disconnect: float,
+    rss_slack: float,
+    seed: int = 0,
+) -> dict:
     proc, port = start(overrides, clients)
     try:
         expected = {p: stream(port, p, max_tokens, None)[1] for p in PROMPTS}  # each answer once, alone
@@ -124,11 +144,24 @@ def soak(overrides: list[str], clients: int, seconds: float, max_tokens: int, di
         time.sleep(1.0)  # the last hang-ups are noticed at the next step
         cancelled = metric(port, 'specpipe_requests_total{status="cancelled"}')
         warm = max(rss[: max(1, len(rss) // 2)])  # the batch buffer grows to its working size first
-        result = {"clients": clients, "seconds": seconds, **{k: v for k, v in tally.items() if k != "errors"},
-                  "errors": len(tally["errors"]), "first_errors": tally["errors"][:3], "cancelled": cancelled,
-                  "rss_mib_warm": round(warm, 1), "rss_mib_last": round(rss[-1], 1), "rss_mib_max": round(max(rss), 1)}
-        result["ok"] = (not tally["errors"] and not tally["mixed"] and tally["completed"] > 0
-                        and (tally["hung_up"] == 0 or cancelled > 0) and rss[-1] <= warm * (1 + rss_slack))
+        result = {
+            "clients": clients,
+            "seconds": seconds,
+            **{k: v for k, v in tally.items() if k != "errors"},
+            "errors": len(tally["errors"]),
+            "first_errors": tally["errors"][:3],
+            "cancelled": cancelled,
+            "rss_mib_warm": round(warm, 1),
+            "rss_mib_last": round(rss[-1], 1),
+            "rss_mib_max": round(max(rss), 1),
+        }
+        result["ok"] = (
+            not tally["errors"]
+            and not tally["mixed"]
+            and tally["completed"] > 0
+            and (tally["hung_up"] == 0 or cancelled > 0)
+            and rss[-1] <= warm * (1 + rss_slack)
+        )
         return result
     finally:
         proc.terminate()

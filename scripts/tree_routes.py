@@ -7,6 +7,7 @@
 chain: one causal forward of n + 1 tokens (today's verify), for reference. Interleaved per repeat, minimum of the
 repeats, each over a fresh copy of the same prefix cache: ratios are to T(1), one token after the same prefix.
 """
+
 import argparse
 import time
 
@@ -26,7 +27,10 @@ def copy_cache(cache, rows=1):
     for c in cache:
         k, v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
         n = KVCache()
-        n.update_and_fetch(mx.repeat(k, rows, axis=0) if rows > 1 else mx.array(k), mx.repeat(v, rows, axis=0) if rows > 1 else mx.array(v))
+        n.update_and_fetch(
+            mx.repeat(k, rows, axis=0) if rows > 1 else mx.array(k),
+            mx.repeat(v, rows, axis=0) if rows > 1 else mx.array(v),
+        )
         out.append(n)
     mx.eval([(c.keys, c.values) for c in out])
     return out
@@ -95,7 +99,10 @@ def main():
                 best.setdefault((label, n), []).append(timed(f(n)))
     t1 = min(best["one"])
     print(f"{a.model} float32, {blas.name}, prefix {a.prefix}, min of {a.repeats}; T(1) = {t1 * 1e3:.1f} ms")
-    print("n nodes | chain n+1 causal | (a) tree mask + RoPE by depth | (b) rows x d=%d (prefix copied) | (b) incl. copy" % a.depth)
+    print(
+        "n nodes | chain n+1 causal | (a) tree mask + RoPE by depth | (b) rows x d=%d (prefix copied) | (b) incl. copy"
+        % a.depth
+    )
     for n in ns:
         r = [min(best[(lab, n)]) / t1 for lab in ("chain", "tree", "rows", "rows+copy")]
         print(f"{n:7d} | {r[0]:16.2f} | {r[1]:29.2f} | {r[2]:31.2f} | {r[3]:.2f}")

@@ -8,6 +8,7 @@ checked equal to plain decoding's. Prints per configuration: tokens per target f
 (1 + accepted / steps), nodes verified per step, and the speed-up over plain as the geometric mean of the
 per-prompt ratios of decode tok/s (the median repeat of each).
 """
+
 import argparse
 import json
 import math
@@ -18,13 +19,13 @@ from specpipe.engine.load.blas import preload_blas
 
 blas = preload_blas()
 from specpipe.budgets.fixed import FixedBudget  # noqa: E402
+from specpipe.core.pipeline import SpeculativePipeline  # noqa: E402
+from specpipe.core.stages.bonus import GreedyBonus  # noqa: E402
+from specpipe.core.stages.compare import GreedyComparator  # noqa: E402
 from specpipe.drafters.ngram import NgramDrafter  # noqa: E402
 from specpipe.drafters.none import NoneDrafter  # noqa: E402
 from specpipe.engine.load.loader import load_engine  # noqa: E402
-from specpipe.core.pipeline import SpeculativePipeline  # noqa: E402
 from specpipe.rollbacks.trim import TrimRollback  # noqa: E402
-from specpipe.core.stages.bonus import GreedyBonus  # noqa: E402
-from specpipe.core.stages.compare import GreedyComparator  # noqa: E402
 from specpipe.trees.shape import TreeShape  # noqa: E402
 from specpipe.trees.step import TreeStep  # noqa: E402
 
@@ -71,7 +72,7 @@ def main():
         ids = target.encode_prompt(p["prompt"], chat=True)
         runs = {n: [] for n in names}
         for r in range(a.repeats):
-            order = names[(p_i + r) % len(names):] + names[: (p_i + r) % len(names)]  # rotate: no config always first
+            order = names[(p_i + r) % len(names) :] + names[: (p_i + r) % len(names)]  # rotate: no config always first
             for n in order:
                 runs[n].append(run(target, n, CONFIGS[n], ids, a.max_tokens))
         plain_ids = runs["plain"][0].token_ids
@@ -79,17 +80,31 @@ def main():
             for f in runs[n]:
                 assert f.token_ids == plain_ids, f"{n} on {p['id']}: output differs from plain decoding"
             s = [f.stats for f in runs[n]]
-            rows[n].append((statistics.median(x.decode_tok_s for x in s), s[0].tokens_per_forward, s[0].acceptance_length,
-                            s[0].tree_nodes_per_step or (s[0].drafted / s[0].steps if s[0].steps else 0)))
-        print(f"{p['id']}: {len(plain_ids)} tokens; " + ", ".join(f"{n} {rows[n][-1][0]:.1f}" for n in names), flush=True)
-    print(f"\nSmolLM2-135M float32 ({blas.name}) + n-gram, suite {a.suite}, {len(prompts)} prompts, {a.max_tokens} tokens max, "
-          f"{a.repeats} repeats (median), every output == plain decoding's")
-    print("| configuration | tokens / target forward | accepted length | nodes verified / step | speed-up over plain (geo-mean) |")
+            rows[n].append(
+                (
+                    statistics.median(x.decode_tok_s for x in s),
+                    s[0].tokens_per_forward,
+                    s[0].acceptance_length,
+                    s[0].tree_nodes_per_step or (s[0].drafted / s[0].steps if s[0].steps else 0),
+                )
+            )
+        print(
+            f"{p['id']}: {len(plain_ids)} tokens; " + ", ".join(f"{n} {rows[n][-1][0]:.1f}" for n in names), flush=True
+        )
+    print(
+        f"\nSmolLM2-135M float32 ({blas.name}) + n-gram, suite {a.suite}, {len(prompts)} prompts, {a.max_tokens} tokens max, "
+        f"{a.repeats} repeats (median), every output == plain decoding's"
+    )
+    print(
+        "| configuration | tokens / target forward | accepted length | nodes verified / step | speed-up over plain (geo-mean) |"
+    )
     print("|---|---|---|---|---|")
     for n in names:
         ratio = math.exp(statistics.mean(math.log(r[0] / b[0]) for r, b in zip(rows[n], rows["plain"])))
-        print(f"| {n} | {statistics.mean(r[1] for r in rows[n]):.2f} | {statistics.mean(r[2] for r in rows[n]):.2f} | "
-              f"{statistics.mean(r[3] for r in rows[n]):.1f} | {ratio:.2f}x |")
+        print(
+            f"| {n} | {statistics.mean(r[1] for r in rows[n]):.2f} | {statistics.mean(r[2] for r in rows[n]):.2f} | "
+            f"{statistics.mean(r[3] for r in rows[n]):.1f} | {ratio:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ constructors (they raise SpecpipeError).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -19,11 +19,11 @@ from omegaconf import MISSING
 
 @dataclass
 class ModelConfig:
-    name: Optional[str] = MISSING  # packaged name or "tiny-random"
-    path: Optional[str] = MISSING  # GGUF file / model folder / HF-cache repo id; wins over name
+    name: str | None = MISSING  # packaged name or "tiny-random"
+    path: str | None = MISSING  # GGUF file / model folder / HF-cache repo id; wins over name
     arch: str = MISSING  # tiny-random only: any mlx-lm model_type
     seed: int = MISSING  # tiny-random only: weight seed
-    tiny: Dict[str, Any] = MISSING  # tiny-random only: +model.tiny.hidden_size=256
+    tiny: dict[str, Any] = MISSING  # tiny-random only: +model.tiny.hidden_size=256
 
 
 @dataclass
@@ -47,14 +47,14 @@ class NoneDraftConfig(PluginConfig):
 class NgramDraftConfig(PluginConfig):
     min_n: int = MISSING
     max_n: int = MISSING
-    window: Optional[int] = MISSING  # matches start within the last `window` tokens; None: the whole context
+    window: int | None = MISSING  # matches start within the last `window` tokens; None: the whole context
 
 
 @dataclass
 class ModelDraftConfig(PluginConfig):
     model: str = MISSING  # packaged name, or "self" to draft with the target
-    path: Optional[str] = MISSING
-    quant: Optional[str] = MISSING  # None: same precision as the target
+    path: str | None = MISSING
+    quant: str | None = MISSING  # None: same precision as the target
 
 
 @dataclass
@@ -109,7 +109,7 @@ class SamplingConfig:
 class PromptConfig:
     text: str = MISSING
     chat: bool = MISSING  # wrap in the model's chat template when it has one
-    system: Optional[str] = MISSING
+    system: str | None = MISSING
 
 
 @dataclass
@@ -119,7 +119,7 @@ class ChainTreeConfig:
 
 @dataclass
 class StaticTreeConfig(ChainTreeConfig):
-    branching: List[int] = MISSING  # children per kept node, by depth
+    branching: list[int] = MISSING  # children per kept node, by depth
 
 
 @dataclass
@@ -156,7 +156,7 @@ class SpecpipeConfig(PipelineGroups):
     prompt: PromptConfig = field(default_factory=PromptConfig)
     max_tokens: int = MISSING
     stream: bool = MISSING  # print text as it is generated
-    output_dir: Optional[str] = MISSING  # None: Hydra's run folder
+    output_dir: str | None = MISSING  # None: Hydra's run folder
 
 
 def register() -> None:
@@ -190,27 +190,27 @@ register()
 @dataclass
 class SuiteConfig:
     name: str = MISSING  # packaged suite: specpipe/bench/suites/<name>.jsonl
-    path: Optional[str] = MISSING  # a JSONL file of {"id", "prompt"} lines; wins over name
+    path: str | None = MISSING  # a JSONL file of {"id", "prompt"} lines; wins over name
     chat: bool = MISSING  # wrap prompts in the model's chat template
-    system: Optional[str] = MISSING
+    system: str | None = MISSING
 
 
 @dataclass
 class BenchConfig(PipelineGroups):
     suite: SuiteConfig = field(default_factory=SuiteConfig)
     max_tokens: int = MISSING
-    limit: Optional[int] = MISSING  # first N prompts of the suite; None: all
+    limit: int | None = MISSING  # first N prompts of the suite; None: all
     warmup: bool = MISSING  # one untimed short run of every path before measuring
     anchor: bool = MISSING  # also run mlx-lm's own generation on the same model objects
     # mlx-lm's num_draft_tokens values to sweep per prompt (draft=model only); None: the budget's k alone.
     # The report then shows each K and mlx-lm's best, chosen over the whole suite, not per prompt.
-    anchor_ks: Optional[List[int]] = MISSING
+    anchor_ks: list[int] | None = MISSING
     resume: bool = MISSING  # skip (config hash, prompt id) pairs already in the results file
-    results: Optional[str] = MISSING  # results JSONL; None: <sweep or run dir>/bench.jsonl
+    results: str | None = MISSING  # results JSONL; None: <sweep or run dir>/bench.jsonl
     repeats: int = MISSING  # each prompt's baseline / speculative pair this many times; the median run of each is kept
     # specpipe's own fixed K values to measure beside the configured budget (same drafter, same baseline runs);
     # the verdict line compares the budget (e.g. auto) with the best of them and with mlx-lm's best K.
-    fixed_ks: Optional[List[int]] = MISSING
+    fixed_ks: list[int] | None = MISSING
 
 
 def register_bench() -> None:
@@ -252,23 +252,26 @@ register_rollbacks()
 
 # ---------------------------------------------------------------- drafters without a second model (layerskip, mtp) + head training
 
+
 @dataclass
 class LayerSkipDraftConfig(PluginConfig):
-    depth: Optional[int] = MISSING  # draft with layers [0, depth) of the target
-    layers: Optional[List[int]] = MISSING  # explicit layer indices; wins over depth
+    depth: int | None = MISSING  # draft with layers [0, depth) of the target
+    layers: list[int] | None = MISSING  # explicit layer indices; wins over depth
 
 
 @dataclass
 class MtpDraftConfig(PluginConfig):
-    head: Optional[str] = MISSING  # head folder / checkpoint folder; None: the model's own or the trained one next to it
+    head: str | None = (
+        MISSING  # head folder / checkpoint folder; None: the model's own or the trained one next to it
+    )
 
 
 @dataclass
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
-    corpus: Optional[str] = MISSING  # folder or text file; None: Python's stdlib + installed packages
-    out: Optional[str] = MISSING  # head folder; None: next to the model (where draft=mtp looks)
+    corpus: str | None = MISSING  # folder or text file; None: Python's stdlib + installed packages
+    out: str | None = MISSING  # head folder; None: next to the model (where draft=mtp looks)
     sequences: int = MISSING  # corpus size in seq_len-token sequences (target hidden states are precomputed once)
     answers: float = MISSING  # share of sequences that are the target's own chat answers to tasks cut from the corpus
     steps: int = MISSING
@@ -327,7 +330,12 @@ register_kv()
 
 # ---------------------------------------------------------------- --help
 
-APPS = {"config": "specpipe", "bench": "specpipe-bench", "train_drafter": "specpipe-train-drafter", "serve": "specpipe-serve"}
+APPS = {
+    "config": "specpipe",
+    "bench": "specpipe-bench",
+    "train_drafter": "specpipe-train-drafter",
+    "serve": "specpipe-serve",
+}
 
 
 def help_groups(primary: str) -> str:

@@ -124,7 +124,9 @@ class Verified(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads 
     seconds: float
     rejected_text: str = ""  # the rejected draft decoded, for display only
     overlap: list[float] = []  # Σ min(p, q) per draft position (sampling rules only)
-    accepted_path: list[int] = []  # tree != chain: accepted node indices into the step's draft_ids; rejected_ids = the other nodes
+    accepted_path: list[
+        int
+    ] = []  # tree != chain: accepted node indices into the step's draft_ids; rejected_ids = the other nodes
     tree_depth: int = 0  # tree != chain: depth of the verified tree (acceptance by position counts depths)
 
 
@@ -239,7 +241,7 @@ class EventWriter:
         view = memoryview(self._buffer)
         try:
             while view:  # a raw write may be short: loop until the whole line is down
-                view = view[self._file.write(view):]
+                view = view[self._file.write(view) :]
         except OSError as exc:
             self.failed = exc
             try:
@@ -281,6 +283,8 @@ def read_recording(path) -> tuple[list[Event], str | None]:
         try:
             return events + decoder.decode_lines(tail), None
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return events, (f"skipped a torn last line in {path} ({len(tail)} bytes: the run was cut off "
-                            f"while writing it); replaying the {len(events)} whole events before it")
+            return events, (
+                f"skipped a torn last line in {path} ({len(tail)} bytes: the run was cut off "
+                f"while writing it); replaying the {len(events)} whole events before it"
+            )
     return decoder.decode_lines(data), None

@@ -35,7 +35,9 @@ def plugin_class(node: DictConfig | dict, group: str) -> Any:
     try:
         return get_method(target) if isinstance(target, str) else None
     except Exception as exc:  # noqa: BLE001  (Hydra wraps import errors in several types)
-        raise ConfigError(f"{group}: cannot import {target!r} ({str(exc).splitlines()[0]}): check {group}._target_") from exc
+        raise ConfigError(
+            f"{group}: cannot import {target!r} ({str(exc).splitlines()[0]}): check {group}._target_"
+        ) from exc
 
 
 def config_parameters(factory: Any, group: str) -> list[str]:
@@ -115,19 +117,19 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.budgets.auto import AutoBudget
     from specpipe.budgets.confidence import ConfidenceBudget
     from specpipe.budgets.fixed import FixedBudget
+    from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, KvPolicy, Rollback
+    from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+    from specpipe.core.stages.compare import GreedyComparator, MatchComparator, RejectionComparator
     from specpipe.drafters.layerskip import LayerSkipDrafter
     from specpipe.drafters.model import ModelDrafter
     from specpipe.drafters.mtp import MtpDrafter
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
     from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV
-    from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, KvPolicy, Rollback
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
-    from specpipe.core.stages.compare import GreedyComparator, MatchComparator, RejectionComparator
 
     _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter)
     _BUDGETS: tuple[type[Budget], ...] = (FixedBudget, AdaptiveBudget, ConfidenceBudget, AutoBudget)

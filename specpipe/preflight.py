@@ -66,8 +66,10 @@ def check_text(text: str | None, key: str) -> str | None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         bad = text[exc.start].encode("utf-8", "surrogateescape")
-        return (f"{key} has bytes that are not UTF-8 (byte {bad!r} at character {exc.start}): "
-                "re-encode the text as UTF-8 (e.g. iconv -t UTF-8)")
+        return (
+            f"{key} has bytes that are not UTF-8 (byte {bad!r} at character {exc.start}): "
+            "re-encode the text as UTF-8 (e.g. iconv -t UTF-8)"
+        )
     return None
 
 
@@ -91,8 +93,10 @@ def _unknown_keys(cfg: DictConfig, prefix: str = "") -> str | None:
         for key in map(str, cfg.keys()):
             if key not in known:
                 options = ", ".join(sorted(k for k in known if not k.startswith("_")))
-                return (f"unknown config key '{prefix}{key}': check the spelling; "
-                        f"{prefix.rstrip('.') or 'the top level'} has {options}")
+                return (
+                    f"unknown config key '{prefix}{key}': check the spelling; "
+                    f"{prefix.rstrip('.') or 'the top level'} has {options}"
+                )
     for key in map(str, cfg.keys()):
         if OmegaConf.is_missing(cfg, key):
             continue
@@ -187,4 +191,3 @@ def _prompt(cfg: DictConfig) -> str | None:
             if message:
                 return message
     return None
-

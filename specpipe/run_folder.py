@@ -37,7 +37,9 @@ def claim(path: str | Path, option: str = "hydra.run.dir") -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        raise ConfigError(f"cannot create the run folder {folder} ({exc.strerror}): choose a writable {option}=<folder>") from exc
+        raise ConfigError(
+            f"cannot create the run folder {folder} ({exc.strerror}): choose a writable {option}=<folder>"
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -46,13 +48,17 @@ def claim(path: str | Path, option: str = "hydra.run.dir") -> Path:
             raise ConfigError(
                 f"the run folder {folder} is in use by another run: give this run its own {option}=<folder>"
             ) from exc
-        raise ConfigError(f"cannot lock the run folder {folder} ({exc.strerror}): choose another {option}=<folder>") from exc
+        raise ConfigError(
+            f"cannot lock the run folder {folder} ({exc.strerror}): choose another {option}=<folder>"
+        ) from exc
     try:
         probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-")
         probe.close()
     except OSError as exc:
         os.close(fd)
-        raise ConfigError(f"the run folder {folder} is not writable ({exc.strerror}): choose another {option}=<folder>") from exc
+        raise ConfigError(
+            f"the run folder {folder} is not writable ({exc.strerror}): choose another {option}=<folder>"
+        ) from exc
     _held[key] = fd
     return folder
 
@@ -68,7 +74,9 @@ def claim_fresh(path: str | Path, option: str = "hydra.run.dir") -> Path:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise ConfigError(f"cannot create the run folder {folder} ({exc.strerror}): choose a writable {option}=<folder>") from exc
+            raise ConfigError(
+                f"cannot create the run folder {folder} ({exc.strerror}): choose a writable {option}=<folder>"
+            ) from exc
         return claim(folder, option)
     raise ConfigError(f"no free run folder next to {base}: choose {option}=<folder>")
 

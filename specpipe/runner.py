@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 from omegaconf import DictConfig, OmegaConf
@@ -45,7 +45,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     error: str = ""  # set when the run folder could not be written (disk full); what was kept is said there
 
 
-def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[Event], None] | None = None) -> RunResult:
+def run(
+    cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[Event], None] | None = None
+) -> RunResult:
     """Run one generation as configured.
 
     Args:
@@ -68,7 +70,9 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
     try:
         writer = EventWriter(out / "events.jsonl")
     except OSError as exc:
-        raise SpecpipeError(f"cannot write {out / 'events.jsonl'} ({exc.strerror}): choose another {option}=<folder>") from exc
+        raise SpecpipeError(
+            f"cannot write {out / 'events.jsonl'} ({exc.strerror}): choose another {option}=<folder>"
+        ) from exc
     spare = reserve_space(out)  # freed before the summary is written: room for it on a disk that filled up
     events = session.generate(prompt_ids, prompt_text=cfg.prompt.text)
 
@@ -94,8 +98,10 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
             events.close()
         if finished is None:
             finished = RunFinished(
-                stop_reason="error" if writer.failed else "interrupted", token_ids=collector.token_ids,
-                text=collector.text, stats=collector.stats(),
+                stop_reason="error" if writer.failed else "interrupted",
+                token_ids=collector.token_ids,
+                text=collector.text,
+                stats=collector.stats(),
             )
             with signals.deferred(then_raise=False):  # already stopping: a second signal changes nothing
                 _try_write(writer, finished)
@@ -103,10 +109,20 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None, on_event: Callable[[
                     on_event(finished)
 
     result = RunResult(
-        text=finished.text, tokens=finished.token_ids, stop_reason=finished.stop_reason, stats=finished.stats,
-        target=session.target.info, draft=session.draft_info, drafter=session.drafter.name,
-        budget=session.budget_label(), rollback=session.rollback.name, compare=session.comparator.name,
-        seed=cfg.sampling.seed, versions=versions(), device=device(), output_dir=str(out),
+        text=finished.text,
+        tokens=finished.token_ids,
+        stop_reason=finished.stop_reason,
+        stats=finished.stats,
+        target=session.target.info,
+        draft=session.draft_info,
+        drafter=session.drafter.name,
+        budget=session.budget_label(),
+        rollback=session.rollback.name,
+        compare=session.comparator.name,
+        seed=cfg.sampling.seed,
+        versions=versions(),
+        device=device(),
+        output_dir=str(out),
         interrupted_by=signals.name() if finished.stop_reason == "interrupted" else "",
     )
     if writer.failed is not None:

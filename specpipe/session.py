@@ -9,19 +9,19 @@ with RunStarted and ending with RunFinished.
 
 from __future__ import annotations
 
-from typing import Generator, cast
+from collections.abc import Generator
 
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
+from specpipe.core.sampling import Sampler
+from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.engine.kv import FullKV
 from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.plugins import build_plugin, check_plugins
 from specpipe.preflight import check_text
-from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
-from specpipe.core.sampling import Sampler
-from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
-from specpipe.core.stages.compare import GreedyComparator
 
 
 class Session:
@@ -48,7 +48,9 @@ class Session:
         # budget=confidence's floor reaches the drafter through its constructor (check_supported
         # refused drafters without one)
         floor = {"p_min": self.budget.p_min} if self.budget.p_min > 0 else {}
-        self.drafter: Drafter = build_plugin(cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler, **floor)
+        self.drafter: Drafter = build_plugin(
+            cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler, **floor
+        )
         self.budget.prepare(self.target, self.drafter)  # budget=auto calibrates here (timed once per device, cached)
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
         self.comparator: Comparator
@@ -66,7 +68,10 @@ class Session:
     def encode(self, text: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Prompt ids from the config's prompt, a text, or chat messages."""
         p = self.cfg.prompt
-        for value, key in ((text, "the prompt"), (p.text if text is None and messages is None else None, "prompt.text")):
+        for value, key in (
+            (text, "the prompt"),
+            (p.text if text is None and messages is None else None, "prompt.text"),
+        ):
             message = check_text(value, key)  # e.g. a prompt file or stdin with non-UTF-8 bytes
             if message:
                 raise SpecpipeError(message)
@@ -81,15 +86,25 @@ class Session:
             self.drafter.engine.check_prompt_fits(len(ids))
         return ids
 
-    def generate(self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = "") -> Generator[Event, None, None]:
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int | None = None, control=None, prompt_text: str = ""
+    ) -> Generator[Event, None, None]:
         """Run the pipeline once; yields RunStarted ... RunFinished."""
         from specpipe.core.pipeline import SpeculativePipeline
 
         self.sampler.reset()  # same seed, same tokens, every generation
         max_tokens = self.cfg.max_tokens if max_tokens is None else max_tokens
         started = RunStarted(
-            target=self.target.info, draft=self.draft_info, drafter=self.drafter.name, budget=self.budget_label(),
-            rollback=self.rollback.name, compare=self.comparator.name, seed=self.sampler.seed, prompt_text=prompt_text, prompt_ids=prompt_ids, max_tokens=max_tokens,
+            target=self.target.info,
+            draft=self.draft_info,
+            drafter=self.drafter.name,
+            budget=self.budget_label(),
+            rollback=self.rollback.name,
+            compare=self.comparator.name,
+            seed=self.sampler.seed,
+            prompt_text=prompt_text,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
         )
         pipeline = SpeculativePipeline(
@@ -133,4 +148,3 @@ def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler):
     if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
         return None
     return TreeStep(target, drafter, shape, rollback, sampler)
-

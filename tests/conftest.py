@@ -18,16 +18,16 @@ import pytest
 from mlx.utils import tree_flatten
 
 from specpipe.budgets.fixed import FixedBudget
+from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.engine.engine import Engine
 from specpipe.engine.load.loader import load_engine
 from specpipe.events import RunFinished
-from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.core.stages.bonus import GreedyBonus
-from specpipe.core.stages.compare import GreedyComparator
 
 CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "specpipe", "conf")
 
@@ -107,4 +107,4 @@ def first_difference(target: Engine, prompt_ids: list[int], expected: list[int],
     cache = target.make_cache()
     logits = target.forward(mx.array(prompt_ids + expected[:i], dtype=mx.uint32), cache).logits[-1]
     top = mx.sort(logits)[-2:].tolist()
-    return f"first difference at position {i}: expected {expected[i:i+3]}, got {got[i:i+3]}; top-2 margin {top[1] - top[0]:.3g}"
+    return f"first difference at position {i}: expected {expected[i : i + 3]}, got {got[i : i + 3]}; top-2 margin {top[1] - top[0]:.3g}"

@@ -9,11 +9,11 @@ import pytest
 
 from specpipe.batch.budget import BatchBudget, CostTable, calibrate
 from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
-from specpipe.drafters.ngram import NgramDrafter
-from specpipe.drafters.none import NoneDrafter
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
 from specpipe.core.stages.compare import GreedyComparator, RejectionComparator
+from specpipe.drafters.ngram import NgramDrafter
+from specpipe.drafters.none import NoneDrafter
 from tests.conftest import first_difference, generate, tiny
 
 TEXTS = [
@@ -28,6 +28,7 @@ def greedy_plugins(kind: str):
     def plugins(seed):
         drafter = NgramDrafter(min_n=1, max_n=3) if kind == "ngram" else NoneDrafter()
         return drafter, GreedyComparator(), GreedyBonus(), True
+
     return plugins
 
 
@@ -152,7 +153,7 @@ def test_model_drafters_are_refused(target):
 # ---------------------------------------------------------------- one K for the whole batch
 
 
-def table(per_position_cost: float) -> "CostTable":
+def table(per_position_cost: float) -> CostTable:
     """T(B, n) = 1 + per_position_cost * B * n (ms): 0 is memory-bound, large is compute-bound."""
     batches, positions = [1, 2, 4, 8], [1, 2, 4, 8, 16, 17]
     seconds = np.array([[1 + per_position_cost * b * n for n in positions] for b in batches])

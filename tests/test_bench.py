@@ -36,15 +36,20 @@ PLOTS = ("speedup_vs_k.png", "acceptance_by_position.png", "latency_cdf.png", "m
 @pytest.fixture
 def suite_file(tmp_path) -> Path:
     path = tmp_path / "tiny.jsonl"
-    rows = [{"id": "rep", "prompt": "ab ab ab ab ab"}, {"id": "count", "prompt": "one two three one two three"},
-            {"id": "third", "prompt": "x y z x y z x"}]
+    rows = [
+        {"id": "rep", "prompt": "ab ab ab ab ab"},
+        {"id": "count", "prompt": "one two three one two three"},
+        {"id": "third", "prompt": "x y z x y z x"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def bench_cfg(*overrides):
     with initialize_config_module(config_module="specpipe.conf", version_base=None):
-        return compose(config_name="bench", overrides=["model=tiny-random", "max_tokens=12", "warmup=false", *overrides])
+        return compose(
+            config_name="bench", overrides=["model=tiny-random", "max_tokens=12", "warmup=false", *overrides]
+        )
 
 
 def quiet(_line):
@@ -62,9 +67,11 @@ def test_first_mismatch():
 
 
 def test_acceptance_by_position_counts():
-    steps = [Verified(step=1, accepted_ids=[1, 2], rejected_ids=[3], seconds=0.0),
-             Verified(step=2, accepted_ids=[], rejected_ids=[4], seconds=0.0),
-             Verified(step=3, accepted_ids=[], rejected_ids=[], seconds=0.0)]  # an empty draft counts nowhere
+    steps = [
+        Verified(step=1, accepted_ids=[1, 2], rejected_ids=[3], seconds=0.0),
+        Verified(step=2, accepted_ids=[], rejected_ids=[4], seconds=0.0),
+        Verified(step=3, accepted_ids=[], rejected_ids=[], seconds=0.0),
+    ]  # an empty draft counts nowhere
     counts = StatsCollector()
     for step in steps:
         counts.consume(step)
@@ -93,13 +100,19 @@ def test_longctx_suites_quote_their_document():
     from importlib import resources
 
     for name, labels in (("longctx", ["1k", "4k", "8k"]), ("longctx-32k", ["16k", "32k"])):
-        rows = [json.loads(line) for line in (resources.files("specpipe.bench.suites") / f"{name}.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for line in (resources.files("specpipe.bench.suites") / f"{name}.jsonl").read_text().splitlines()
+        ]
         assert [p["id"] for p in load_suite(name)] == [r["id"] for r in rows]
         assert sorted({r["id"].split("-")[1] for r in rows}, key=labels.index) == labels
         for row in rows:
             document, question = row["prompt"].rsplit("Question:", 1)
             assert row["answer"] in document and " ".join(row["answer"].split()[:8]) in question
-    sizes = {r["id"]: len(r["prompt"]) for r in map(json.loads, (resources.files("specpipe.bench.suites") / "longctx.jsonl").read_text().splitlines())}
+    sizes = {
+        r["id"]: len(r["prompt"])
+        for r in map(json.loads, (resources.files("specpipe.bench.suites") / "longctx.jsonl").read_text().splitlines())
+    }
     assert sizes["longctx-1k-early"] * 6 < sizes["longctx-8k-early"]
 
 
@@ -110,9 +123,23 @@ def test_sweep_to_report_end_to_end(tmp_path, suite_file):
     """`specpipe-bench -m` on a tiny model -> one JSONL in the sweep folder -> report.md + PNGs."""
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "-m", "specpipe.bench.harness", "-m", "model=tiny-random", "draft=ngram,model", "budget.k=2",
-         f"suite.path={suite_file}", "limit=2", "max_tokens=16", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "specpipe.bench.harness",
+            "-m",
+            "model=tiny-random",
+            "draft=ngram,model",
+            "budget.k=2",
+            f"suite.path={suite_file}",
+            "limit=2",
+            "max_tokens=16",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "[bench 2/2]" in proc.stderr  # one progress line per prompt
@@ -138,8 +165,15 @@ def test_sweep_to_report_end_to_end(tmp_path, suite_file):
 def test_mlx_lm_num_draft_tokens_sweep(tmp_path, suite_file):
     """anchor_ks runs mlx-lm once per K on the same prompt; the report picks mlx-lm's best K over the suite."""
     results = tmp_path / "bench.jsonl"
-    cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "draft=model", "draft.model=self", "budget.k=3",
-                    "anchor_ks=[1,3]", f"results={results}")
+    cfg = bench_cfg(
+        f"suite.path={suite_file}",
+        "limit=2",
+        "draft=model",
+        "draft.model=self",
+        "budget.k=3",
+        "anchor_ks=[1,3]",
+        f"results={results}",
+    )
     records = run_bench(cfg, results, log=quiet)
     for r in records:
         sweep = r["anchor"]["sweep"]
@@ -154,8 +188,16 @@ def test_fixed_ks_beside_auto_and_the_verdict(tmp_path, suite_file, monkeypatch)
     compares auto with the best of them and with mlx-lm's best K, and checks the draft forward accounting."""
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
     results = tmp_path / "bench.jsonl"
-    cfg = bench_cfg(f"suite.path={suite_file}", "limit=2", "draft=model", "draft.model=self", "budget=auto",
-                    "fixed_ks=[2,4]", "anchor_ks=[2,4]", f"results={results}")
+    cfg = bench_cfg(
+        f"suite.path={suite_file}",
+        "limit=2",
+        "draft=model",
+        "draft.model=self",
+        "budget=auto",
+        "fixed_ks=[2,4]",
+        "anchor_ks=[2,4]",
+        f"results={results}",
+    )
     records = run_bench(cfg, results, log=quiet)
     for r in records:
         assert set(r["fixed"]) == {"2", "4"}
@@ -170,7 +212,9 @@ def test_fixed_ks_beside_auto_and_the_verdict(tmp_path, suite_file, monkeypatch)
 
 
 def test_repeats_keep_the_median_run(tmp_path, suite_file):
-    (r,) = run_bench(bench_cfg(f"suite.path={suite_file}", "limit=1", "anchor=false", "repeats=3"), tmp_path / "b.jsonl", log=quiet)
+    (r,) = run_bench(
+        bench_cfg(f"suite.path={suite_file}", "limit=1", "anchor=false", "repeats=3"), tmp_path / "b.jsonl", log=quiet
+    )
     for side in ("baseline", "spec"):
         speeds = r[side]["decode_tok_s_runs"]
         assert len(speeds) == 3 and r[side]["decode_tok_s"] == sorted(speeds)[1]
@@ -209,16 +253,25 @@ def test_mismatch_is_flagged(tmp_path, suite_file, monkeypatch):
 
 @pytest.mark.parametrize(
     "args, words",
-    [(["suite=bogus"], "unknown option suite=bogus"), (["nope=1"], "unknown config key"),
-     (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist"),
-     (["model=tiny-random", "repeats=0"], "repeats=0"),
-     (["model=tiny-random", "suite=longctx-32k", "limit=1"], "context is 4096 tokens"),  # before any prefill
-     (["model=tiny-random", "kv=quantized", "kv.bits=3"], "kv.bits=3"),
-     # a sweep whose second job is bad fails before the first job runs, naming the job
-     (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'")],
+    [
+        (["suite=bogus"], "unknown option suite=bogus"),
+        (["nope=1"], "unknown config key"),
+        (["model=tiny-random", "suite.path=/does/not/exist.jsonl"], "does not exist"),
+        (["model=tiny-random", "repeats=0"], "repeats=0"),
+        (["model=tiny-random", "suite=longctx-32k", "limit=1"], "context is 4096 tokens"),  # before any prefill
+        (["model=tiny-random", "kv=quantized", "kv.bits=3"], "kv.bits=3"),
+        # a sweep whose second job is bad fails before the first job runs, naming the job
+        (["-m", "model=tiny-random", "budget=fixed,auto", "budget.k=4"], "unknown config key 'budget.k'"),
+    ],
 )
 def test_bad_input_is_one_line(tmp_path, args, words):
-    proc = subprocess.run([sys.executable, "-m", "specpipe.bench.harness", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.bench.harness", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
@@ -231,9 +284,21 @@ def test_ctrl_c_keeps_finished_prompts(tmp_path):
     results = tmp_path / "bench.jsonl"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specpipe.bench.harness", "model=tiny-random", f"suite.path={suite}", "limit=null",
-         "max_tokens=64", "anchor=false", f"results={results}"],
-        cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "specpipe.bench.harness",
+            "model=tiny-random",
+            f"suite.path={suite}",
+            "limit=null",
+            "max_tokens=64",
+            "anchor=false",
+            f"results={results}",
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
         # a runner started in the background may ignore SIGINT; the child must not inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )

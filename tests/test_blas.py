@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from specpipe.engine.load import blas
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preloading only happens on Linux")
 
 DEBIAN_OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -46,7 +47,7 @@ def _run(code: str, **env: str | None) -> dict:
 
 def test_preload_then_matmul_matches_numpy():
     out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS=None)
-    assert out["maxdiff"] <= 1e-5 * out["scale"] * 192 ** 0.5
+    assert out["maxdiff"] <= 1e-5 * out["scale"] * 192**0.5
     assert out["after"] == out["info"]
     if os.path.exists(DEBIAN_OPENBLAS) and "OPENBLAS_CORETYPE" not in os.environ:
         assert out["info"]["name"] == "openblas" and out["info"]["notice"] is None
@@ -60,7 +61,7 @@ def test_preload_then_matmul_matches_numpy():
 def test_none_gives_reference():
     out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS="none")
     assert out["info"] == {"name": "reference", "path": None, "notice": None}
-    assert out["maxdiff"] <= 1e-5 * out["scale"] * 192 ** 0.5
+    assert out["maxdiff"] <= 1e-5 * out["scale"] * 192**0.5
 
 
 @pytest.mark.parametrize("bogus", ["/nonexistent/libblas.so", "/etc/hostname"])
@@ -125,12 +126,24 @@ def test_phrase_names_the_blas_and_the_fix():
 def test_a_notice_never_adds_a_line_to_an_error(tmp_path):
     # A BLAS that cannot load makes a notice; a bad override must still be the only line on stderr.
     env = dict(os.environ, SPECPIPE_BLAS=str(tmp_path / "libnope.so"))
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", "draft=bogus"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", "draft=bogus"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "draft=bogus" in proc.stderr
-    ok = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", "max_tokens=2"], cwd=tmp_path,
-                        env=env, capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", "max_tokens=2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "BLAS reference (slow:" in ok.stderr.splitlines()[0]  # the run's header says it, once
 

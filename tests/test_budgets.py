@@ -5,18 +5,18 @@ curve are sane."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import first_difference, generate, make_drafter, noisy_copy, prepared, tiny
+
 from specpipe.budgets.adaptive import AdaptiveBudget
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.confidence import ConfidenceBudget
+from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.costmodel.calibration import expected_speedup, interpolate, verify_cost_curve
 from specpipe.drafters.model import ModelDrafter
 from specpipe.errors import SpecpipeError
-from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.core.stages.bonus import GreedyBonus
-from specpipe.core.stages.compare import GreedyComparator
 
 FLAT = {n: 1.0 + 0.02 * n for n in range(1, 34)}  # verify almost free (float32 + BLAS-like)
 LINEAR = {n: float(n) for n in range(1, 34)}  # verify costs n steps (quantized CPU kernels)

@@ -36,8 +36,19 @@ def test_tiny_run_writes_snapshot(tmp_path):
     assert (folder / ".hydra" / "config.yaml").exists()
     summary = json.loads((folder / "summary.json").read_text())
     stats = summary["stats"]
-    for key in ("target_forwards", "draft_forwards", "drafted", "accepted", "acceptance_rate", "tokens_per_forward",
-                "prefill_tok_s", "decode_tok_s", "ttft_s", "latency_ms", "peak_memory_bytes"):
+    for key in (
+        "target_forwards",
+        "draft_forwards",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "tokens_per_forward",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "ttft_s",
+        "latency_ms",
+        "peak_memory_bytes",
+    ):
         assert key in stats
     assert set(stats["latency_ms"]) == {"p50", "p95", "p99"}
     assert summary["stop_reason"] == "max_tokens" and len(summary["tokens"]) == 24
@@ -94,9 +105,23 @@ def test_mismatched_tokenizers(tmp_path, smollm2_gguf):
 def test_ctrl_c_keeps_what_was_generated(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", "+model.tiny.num_hidden_layers=8", "+model.tiny.hidden_size=256", "+model.tiny.intermediate_size=1024",
-         "draft=none", "max_tokens=100000", "prompt.text=hi"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "specpipe.cli",
+            "model=tiny-random",
+            "+model.tiny.num_hidden_layers=8",
+            "+model.tiny.hidden_size=256",
+            "+model.tiny.intermediate_size=1024",
+            "draft=none",
+            "max_tokens=100000",
+            "prompt.text=hi",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
         # a runner started in the background may ignore SIGINT; the child must not inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -144,12 +169,15 @@ def test_prompt_forms_keep_the_text_literally(tmp_path, form):
     assert started.prompt_text == TRICKY
 
 
-@pytest.mark.parametrize("args, words", [
-    (["prompt.file=missing.txt"], "prompt file missing.txt does not exist"),
-    (["--prompt"], "--prompt needs a value"),
-    (["one", "--prompt", "two"], "two prompts given"),
-    (["-m", "--cfg", "job"], "cannot be combined"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["prompt.file=missing.txt"], "prompt file missing.txt does not exist"),
+        (["--prompt"], "--prompt needs a value"),
+        (["one", "--prompt", "two"], "two prompts given"),
+        (["-m", "--cfg", "job"], "cannot be combined"),
+    ],
+)
 def test_bad_prompt_input_is_one_line(tmp_path, args, words):
     proc = specpipe(["model=tiny-random", *args], tmp_path)
     lines = proc.stderr.strip().splitlines()
@@ -186,8 +214,10 @@ def test_rerun_of_a_folder_that_is_not_a_run_is_one_line(tmp_path):
 def test_tab_completion_installs_and_answers(tmp_path):
     # What `eval "$(specpipe --shell-completion install=bash)"` then Tab does, in a real bash.
     bin_dir = Path(sys.executable).parent
-    script = ('eval "$(specpipe --shell-completion install=bash)"; COMP_LINE="specpipe budget="; COMP_POINT=${#COMP_LINE}; '
-              'COMP_WORDS=(specpipe budget=); COMP_CWORD=1; hydra_bash_completion; echo "${COMPREPLY[@]}"')
+    script = (
+        'eval "$(specpipe --shell-completion install=bash)"; COMP_LINE="specpipe budget="; COMP_POINT=${#COMP_LINE}; '
+        'COMP_WORDS=(specpipe budget=); COMP_CWORD=1; hydra_bash_completion; echo "${COMPREPLY[@]}"'
+    )
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -195,7 +225,9 @@ def test_tab_completion_installs_and_answers(tmp_path):
     assert "unknown config key" not in proc.stderr
 
 
-@pytest.mark.parametrize("flags", [["--info"], ["--cfg", "job"], ["-cn", "config", "--cfg", "job"], ["preset=quick", "--cfg", "job"]])
+@pytest.mark.parametrize(
+    "flags", [["--info"], ["--cfg", "job"], ["-cn", "config", "--cfg", "job"], ["preset=quick", "--cfg", "job"]]
+)
 def test_hydra_flags_work(tmp_path, flags):
     proc = specpipe(flags, tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
@@ -223,8 +255,13 @@ SHELLS = {  # every console script that composes a Hydra config goes through spe
 def test_every_command_has_the_same_shell(tool, tmp_path):
     """A misspelled key is one line and exit 2 in every command, before anything loads (the trainer used to
     skip the check), and no run folder is left behind."""
-    proc = subprocess.run([sys.executable, "-m", SHELLS[tool], "model=tiny-random", "+budget.kk=3"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", SHELLS[tool], "model=tiny-random", "+budget.kk=3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{tool}: error: ") and "Traceback" not in proc.stderr, proc.stderr

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import CONF_DIR, tiny
 from hydra import compose, initialize
 
 import specpipe.config  # noqa: F401
-from conftest import CONF_DIR, tiny
 from specpipe.cli.argv import validate_overrides
 from specpipe.errors import SpecpipeError
 from specpipe.plugins import build_plugin
@@ -58,7 +58,7 @@ def greedy_continuation(target, context: list[int], n: int) -> list[int]:
     ids = list(context)
     for _ in range(n):
         ids.append(int(mx.argmax(target.forward(mx.array(ids), target.make_cache()).logits[-1]).item()))
-    return ids[len(context):]
+    return ids[len(context) :]
 
 
 @pytest.mark.parametrize("group", ["budget", "rollback"])

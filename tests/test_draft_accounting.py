@@ -9,18 +9,18 @@ the first run's forwards."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import first_difference, generate, make_drafter, noisy_copy, prepared, tiny
+
 from specpipe.budgets import auto as auto_module
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.confidence import ConfidenceBudget
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.costmodel.calibration import interpolate
-from specpipe.events import Drafted, RunFinished, Verified
 from specpipe.core.pipeline import SpeculativePipeline
-from specpipe.rollbacks.trim import TrimRollback
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.costmodel.calibration import interpolate
+from specpipe.events import Drafted, RunFinished, Verified
+from specpipe.rollbacks.trim import TrimRollback
 
 # T(n)/T(1) as MKL measured it for the 1.5B target on a 2-core CPU: a 3-token verify costs as much as 9
 MKL_LIKE = interpolate({1: 1.0, 2: 1.44, 3: 2.51, 5: 2.24, 9: 2.74, 17: 3.2, 33: 4.24})
@@ -46,8 +46,13 @@ def check_accounting(events):
     s = final.stats
     drafted = [e for e in events if isinstance(e, Drafted)]
     assert s.draft_forwards == sum(e.forwards for e in drafted)
-    parts = (s.draft_forwards_drafting, s.draft_forwards_probe, s.draft_forwards_catchup,
-             s.draft_forwards_hindsight, s.draft_forwards_wasted)
+    parts = (
+        s.draft_forwards_drafting,
+        s.draft_forwards_probe,
+        s.draft_forwards_catchup,
+        s.draft_forwards_hindsight,
+        s.draft_forwards_wasted,
+    )
     assert sum(parts) == s.draft_forwards, parts
     assert s.draft_forwards <= s.drafted + s.steps
     return s
@@ -181,5 +186,5 @@ def test_auto_probes_again_at_once_after_a_probe_that_held():
         ks.append(k)
         b.observe(k, k)
     first = next(i for i, k in enumerate(ks) if k)
-    assert all(ks[first:first + 6]), ks  # once a probe holds, drafting does not stop
+    assert all(ks[first : first + 6]), ks  # once a probe holds, drafting does not stop
     assert max(ks) >= 8

@@ -7,23 +7,23 @@ import json
 
 import mlx.core as mx
 import pytest
+from conftest import CONF_DIR, first_difference, generate, make_drafter, tiny
 from hydra import compose, initialize_config_dir
 from mlx.utils import tree_flatten
 
 import specpipe.config  # noqa: F401  (registers the schemas)
-from conftest import CONF_DIR, first_difference, generate, make_drafter, tiny
 from specpipe.budgets.auto import AutoBudget
-from specpipe.costmodel.calibration import draft_cost
 from specpipe.core.pipeline import SpeculativePipeline
-from specpipe.rollbacks.trim import TrimRollback
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.costmodel.calibration import draft_cost
 from specpipe.drafters.layerskip import LayerSkipDrafter
-from specpipe.engine.introspect import llama_parts
 from specpipe.drafters.mtp import MtpDrafter
 from specpipe.drafters.mtp_head import new_head, save_head
 from specpipe.engine.engine import HIDDEN
+from specpipe.engine.introspect import llama_parts
 from specpipe.errors import SpecpipeError
+from specpipe.rollbacks.trim import TrimRollback
 
 KS = [1, 2, 4, 8, 16, 32]
 ARCHS = ["llama", "qwen2", "qwen3"]
@@ -60,14 +60,19 @@ def test_greedy_equals_target_alone(setup, kind, k):
 def run_with(target, drafter, rollback: str, k: int, prompt, max_tokens: int) -> list[int]:
     from specpipe.budgets.fixed import FixedBudget
     from specpipe.core.pipeline import SpeculativePipeline
+    from specpipe.core.stages.bonus import GreedyBonus
+    from specpipe.core.stages.compare import GreedyComparator
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
-    from specpipe.core.stages.bonus import GreedyBonus
-    from specpipe.core.stages.compare import GreedyComparator
 
-    strategy = {"trim": TrimRollback, "checkpoint": CheckpointRollback, "recompute": RecomputeRollback, "auto": AutoRollback}[rollback]
+    strategy = {
+        "trim": TrimRollback,
+        "checkpoint": CheckpointRollback,
+        "recompute": RecomputeRollback,
+        "auto": AutoRollback,
+    }[rollback]
     pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), strategy(), GreedyBonus())
     return list(pipe.run(prompt, max_tokens, stop_ids=set()))[-1].token_ids
 
@@ -78,7 +83,9 @@ def test_every_rollback_strategy_keeps_greedy_output(setup, kind, rollback):
     """Trim is covered above at every K; the other strategies at short, middle and the longest budget."""
     target, prompt, baseline, head = setup
     for k in (1, 8, 32):
-        drafter = LayerSkipDrafter(target=target, depth=1) if kind == "layerskip" else MtpDrafter(target=target, head=head)
+        drafter = (
+            LayerSkipDrafter(target=target, depth=1) if kind == "layerskip" else MtpDrafter(target=target, head=head)
+        )
         got = run_with(target, drafter, rollback, k, prompt, 48)
         assert got == baseline, f"K={k}: " + first_difference(target, prompt, baseline, got)
 
@@ -176,7 +183,9 @@ def test_mtp_survives_the_target_being_used_in_between(setup):
     original = drafter.propose
 
     def propose(context, k):
-        target.forward(mx.array([5, 6, 7], dtype=mx.uint32), target.make_cache(), capture=HIDDEN)  # another user of the target
+        target.forward(
+            mx.array([5, 6, 7], dtype=mx.uint32), target.make_cache(), capture=HIDDEN
+        )  # another user of the target
         return original(context, k)
 
     drafter.propose = propose
@@ -233,7 +242,12 @@ def qwen35_checkpoint(folder, with_mtp: bool):
         h = config["hidden_size"]
         attn = next(layer for layer in source.model.language_model.model.layers if not layer.is_linear)
         key = mx.random.key(7)
-        shapes = {"fc.weight": (h, 2 * h), "pre_fc_norm_embedding.weight": (h,), "pre_fc_norm_hidden.weight": (h,), "norm.weight": (h,)}
+        shapes = {
+            "fc.weight": (h, 2 * h),
+            "pre_fc_norm_embedding.weight": (h,),
+            "pre_fc_norm_hidden.weight": (h,),
+            "norm.weight": (h,),
+        }
         shapes.update({f"layers.0.{k}": v.shape for k, v in tree_flatten(attn.parameters())})
         for name, shape in shapes.items():
             key, sub = mx.random.split(key)
@@ -242,18 +256,26 @@ def qwen35_checkpoint(folder, with_mtp: bool):
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     text = {k: v for k, v in config.items() if k != "model_type"}
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1, **text}, "tie_word_embeddings": False}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5",
+                "text_config": {"model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1, **text},
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     byte_tokenizer().save_pretrained(str(folder))
     return mtp
 
 
 def test_qwen35_checkpoint_mtp_head_loads_and_is_lossless(tmp_path):
     from specpipe.budgets.fixed import FixedBudget
-    from specpipe.engine.load.loader import load_engine
     from specpipe.core.pipeline import SpeculativePipeline
-    from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.core.stages.bonus import GreedyBonus
     from specpipe.core.stages.compare import GreedyComparator
+    from specpipe.engine.load.loader import load_engine
+    from specpipe.rollbacks.recompute import RecomputeRollback
 
     mtp = qwen35_checkpoint(tmp_path / "qwen35", with_mtp=True)
     target = load_engine(path=str(tmp_path / "qwen35"), precision="float32")
@@ -297,7 +319,12 @@ def test_folder_without_mtp_weights_names_the_drafters_that_work(tmp_path):
     with pytest.raises(SpecpipeError) as err:
         MtpDrafter(target=target)
     message = str(err.value)
-    assert "\n" not in message and "no MTP head" in message and "draft=layerskip" in message and "specpipe-train-drafter" in message
+    assert (
+        "\n" not in message
+        and "no MTP head" in message
+        and "draft=layerskip" in message
+        and "specpipe-train-drafter" in message
+    )
 
 
 def test_layerskip_refuses_other_structures():
@@ -322,12 +349,24 @@ def test_train_drafter_writes_a_loadable_head_and_resumes(tmp_path):
 
     corpus = tmp_path / "corpus.py"
     corpus.write_text("def add(a, b):\n    return a + b\n" * 60)
-    overrides = ["model=tiny-random", f"corpus={corpus}", f"out={tmp_path / 'head'}", "sequences=6", "batch=2",
-                 "seq_len=32", "chunk=3", "save_every=2", "warmup=1", "hydra.run.dir=."]
+    overrides = [
+        "model=tiny-random",
+        f"corpus={corpus}",
+        f"out={tmp_path / 'head'}",
+        "sequences=6",
+        "batch=2",
+        "seq_len=32",
+        "chunk=3",
+        "save_every=2",
+        "warmup=1",
+        "hydra.run.dir=.",
+    ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         first = compose(config_name="train_drafter", overrides=overrides + ["steps=2", "resume=false"])
         more = compose(config_name="train_drafter", overrides=overrides + ["steps=4"])
-        fresh = compose(config_name="train_drafter", overrides=overrides + ["steps=4", "resume=false", f"out={tmp_path / 'again'}"])
+        fresh = compose(
+            config_name="train_drafter", overrides=overrides + ["steps=4", "resume=false", f"out={tmp_path / 'again'}"]
+        )
     train(first)
     assert json.loads((tmp_path / "head" / "mtp_head.json").read_text())["steps"] == 2
     train(more)  # picks up at step 2
@@ -358,8 +397,19 @@ def test_train_drafter_mixes_in_the_targets_own_answers(tmp_path):
     header = target.encode_prompt("x", chat=True)[-3:]  # the assistant turn's opening tokens
     assert all(any(s[i : i + 3] == header for i in range(len(s) - 2)) for s in seqs)  # each holds its prompt's end
 
-    overrides = ["model=tiny-random", f"corpus={corpus}", f"out={tmp_path / 'head'}", "sequences=4", "answers=0.5",
-                 "batch=2", "seq_len=48", "chunk=2", "steps=2", "warmup=1", "hydra.run.dir=."]
+    overrides = [
+        "model=tiny-random",
+        f"corpus={corpus}",
+        f"out={tmp_path / 'head'}",
+        "sequences=4",
+        "answers=0.5",
+        "batch=2",
+        "seq_len=48",
+        "chunk=2",
+        "steps=2",
+        "warmup=1",
+        "hydra.run.dir=.",
+    ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="train_drafter", overrides=overrides)
         bad = compose(config_name="train_drafter", overrides=overrides + ["answers=1.5", f"out={tmp_path / 'bad'}"])

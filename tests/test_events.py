@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from conftest import generate, make_drafter, tiny
+
 from specpipe.events import EVENT_TYPES, Event, EventWriter, read_events
 from specpipe.metrics import StatsCollector
 
@@ -27,7 +27,10 @@ def recorded(tmp_path_factory):
 def test_every_kind_round_trips(recorded):
     _, events, _ = recorded
     kinds = {type(e) for e in events}
-    assert kinds >= set(EVENT_TYPES) - {__import__("specpipe.events").events.RunError, __import__("specpipe.events").events.RunStarted}
+    assert kinds >= set(EVENT_TYPES) - {
+        __import__("specpipe.events").events.RunError,
+        __import__("specpipe.events").events.RunStarted,
+    }
     for e in events:
         assert msgspec.json.decode(msgspec.json.encode(e), type=Event) == e
 
@@ -41,5 +44,14 @@ def test_replay_reproduces_the_run(recorded):
         collector.consume(e)
     assert collector.token_ids == final.token_ids
     again = collector.stats(final.stats.draft_forwards, final.stats.peak_memory_bytes)
-    for field in ("generated_tokens", "steps", "drafted", "accepted", "acceptance_rate", "tokens_per_forward", "ttft_s", "latency_ms"):
+    for field in (
+        "generated_tokens",
+        "steps",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "tokens_per_forward",
+        "ttft_s",
+        "latency_ms",
+    ):
         assert getattr(again, field) == getattr(final.stats, field), field

@@ -26,22 +26,35 @@ from specpipe.events import RunFinished, read_events, read_recording
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny-random", "prompt.text=ab ab ab ab"]
 # big enough that a step takes milliseconds, so a signal lands mid-generation
-SLOW_TINY = ["model=tiny-random", "+model.tiny.num_hidden_layers=8", "+model.tiny.hidden_size=256",
-             "+model.tiny.intermediate_size=1024", "draft=none", "prompt.text=hi"]
+SLOW_TINY = [
+    "model=tiny-random",
+    "+model.tiny.num_hidden_layers=8",
+    "+model.tiny.hidden_size=256",
+    "+model.tiny.intermediate_size=1024",
+    "draft=none",
+    "prompt.text=hi",
+]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
 
 def start(module: str, args: list[str], cwd: Path, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", module, *args], cwd=cwd, env=ENV, text=True,
-        stdout=kw.pop("stdout", subprocess.PIPE), stderr=subprocess.PIPE,
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=ENV,
+        text=True,
+        stdout=kw.pop("stdout", subprocess.PIPE),
+        stderr=subprocess.PIPE,
         # a runner started in the background may ignore SIGINT; the child must not inherit that
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        **kw,
     )
 
 
 def run_cli(args: list[str], cwd: Path, module: str = "specpipe.cli") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
+    )
 
 
 def error_line(stderr: str, tool: str = "specpipe") -> str:
@@ -73,7 +86,9 @@ def assert_kept(folder: Path, stop_reason: str) -> dict:
 
 def test_concurrent_runs_into_one_folder(tmp_path):
     folder = tmp_path / "D"
-    first = start("specpipe.cli", [*SLOW_TINY, "max_tokens=300", f"hydra.run.dir={folder}"], tmp_path, stdout=subprocess.DEVNULL)
+    first = start(
+        "specpipe.cli", [*SLOW_TINY, "max_tokens=300", f"hydra.run.dir={folder}"], tmp_path, stdout=subprocess.DEVNULL
+    )
     wait_for(lambda: (folder / "events.jsonl").exists())
     second = run_cli([*TINY, "max_tokens=8", "sampling=sample", "sampling.seed=2", f"hydra.run.dir={folder}"], tmp_path)
     assert second.returncode == 2
@@ -110,7 +125,9 @@ def test_read_only_run_folder(tmp_path):
     os.chmod(folder, 0o500)
     try:
         if os.access(folder, os.W_OK):  # root ignores permissions: a read-only mount is the real case
-            if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k", "tmpfs", str(folder)], capture_output=True).returncode:
+            if subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "ro,size=4k", "tmpfs", str(folder)], capture_output=True
+            ).returncode:
                 pytest.skip("running as root without mount: cannot make a folder read-only")
         with pytest.raises(ConfigError, match="is not writable"):
             claim(folder)
@@ -222,9 +239,18 @@ def test_stop_signal_during_generation(tmp_path, sig, code, name):
 
 def test_ctrl_c_reaches_a_long_prefill(tmp_path):
     """A stop during prefill lands within a chunk (512 tokens), not after the whole prompt."""
-    big = ["model=tiny-random", "+model.tiny.num_hidden_layers=3", "+model.tiny.hidden_size=1024",
-           "+model.tiny.intermediate_size=4096", "+model.tiny.num_attention_heads=16", "+model.tiny.num_key_value_heads=4",
-           "+model.tiny.head_dim=64", "draft=none", "prompt.chat=false", "max_tokens=4"]
+    big = [
+        "model=tiny-random",
+        "+model.tiny.num_hidden_layers=3",
+        "+model.tiny.hidden_size=1024",
+        "+model.tiny.intermediate_size=4096",
+        "+model.tiny.num_attention_heads=16",
+        "+model.tiny.num_key_value_heads=4",
+        "+model.tiny.head_dim=64",
+        "draft=none",
+        "prompt.chat=false",
+        "max_tokens=4",
+    ]
     prompt = "".join(random.Random(0).choice("abcdefgh ") for _ in range(4000))
     proc = start("specpipe.cli", [*big, f"prompt.text='{prompt}'", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
     header = proc.stderr.readline()  # printed when generation starts, right before the prefill
@@ -253,8 +279,15 @@ def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
 
 
 def test_stop_signal_during_bench(tmp_path):
-    args = ["model=tiny-random", "suite=code", "limit=6", "max_tokens=48", "anchor=false", "warmup=false",
-            f"hydra.run.dir={tmp_path / 'b'}"]
+    args = [
+        "model=tiny-random",
+        "suite=code",
+        "limit=6",
+        "max_tokens=48",
+        "anchor=false",
+        "warmup=false",
+        f"hydra.run.dir={tmp_path / 'b'}",
+    ]
     proc = start("specpipe.bench.harness", args, tmp_path, stdout=subprocess.DEVNULL)
     first = proc.stderr.readline()
     while not first.startswith("[bench 1/"):
@@ -264,7 +297,10 @@ def test_stop_signal_during_bench(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     line = err.strip().splitlines()[-1]
-    assert line.startswith("specpipe-bench: error: stopped by SIGTERM: every finished prompt is in") and "Traceback" not in err
+    assert (
+        line.startswith("specpipe-bench: error: stopped by SIGTERM: every finished prompt is in")
+        and "Traceback" not in err
+    )
     records = [json.loads(x) for x in (tmp_path / "b" / "bench.jsonl").read_text().splitlines()]
     assert 1 <= len(records) < 6  # whole lines only, every finished prompt kept
 
@@ -275,14 +311,23 @@ def corpus(tmp_path) -> Path:
     folder.mkdir()
     rng = random.Random(0)
     for n in range(10):  # the trainer reads 20k characters per file: ~600 sequences of 32 tokens each
-        (folder / f"m{n}.py").write_text("\n".join(f"def f{i}(x):\n    return x * {i} + {rng.randint(0, 99)}" for i in range(800)))
+        (folder / f"m{n}.py").write_text(
+            "\n".join(f"def f{i}(x):\n    return x * {i} + {rng.randint(0, 99)}" for i in range(800))
+        )
     return folder
 
 
 def test_stop_signal_during_training_checkpoints_and_resumes(tmp_path, corpus):
     head = tmp_path / "head"
-    args = ["model=tiny-random", f"corpus={corpus}", f"out={head}", "sequences=16", "seq_len=32", "save_every=100000",
-            f"hydra.run.dir={tmp_path / 't'}"]
+    args = [
+        "model=tiny-random",
+        f"corpus={corpus}",
+        f"out={head}",
+        "sequences=16",
+        "seq_len=32",
+        "save_every=100000",
+        f"hydra.run.dir={tmp_path / 't'}",
+    ]
     proc = start("specpipe.train.drafter", [*args, "steps=100000"], tmp_path, stdout=subprocess.DEVNULL)
     line = proc.stderr.readline()
     while "target hidden states: 16/16" not in line:
@@ -293,18 +338,29 @@ def test_stop_signal_during_training_checkpoints_and_resumes(tmp_path, corpus):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     last = err.strip().splitlines()[-1]
-    assert "Traceback" not in err and last.startswith("specpipe-train-drafter: error: stopped by SIGTERM: checkpoint at step")
+    assert "Traceback" not in err and last.startswith(
+        "specpipe-train-drafter: error: stopped by SIGTERM: checkpoint at step"
+    )
     step = json.loads((head / "train_state" / "state.json").read_text())["step"]
     assert step >= 1 and f"step {step}/100000" in last
-    again = run_cli([*args, f"steps={step + 2}", "hydra.run.dir=" + str(tmp_path / "t2")], tmp_path, "specpipe.train.drafter")
+    again = run_cli(
+        [*args, f"steps={step + 2}", "hydra.run.dir=" + str(tmp_path / "t2")], tmp_path, "specpipe.train.drafter"
+    )
     assert again.returncode == 0, again.stderr
     assert f"resuming at step {step}" in again.stderr
     assert json.loads((head / "train_state" / "state.json").read_text())["step"] == step + 2
 
 
 def test_ctrl_c_before_training_starts(tmp_path, corpus):
-    args = ["model=tiny-random", f"corpus={corpus}", f"out={tmp_path / 'head'}", "sequences=4000", "seq_len=32", "chunk=4",
-            f"hydra.run.dir={tmp_path / 't'}"]
+    args = [
+        "model=tiny-random",
+        f"corpus={corpus}",
+        f"out={tmp_path / 'head'}",
+        "sequences=4000",
+        "seq_len=32",
+        "chunk=4",
+        f"hydra.run.dir={tmp_path / 't'}",
+    ]
     proc = start("specpipe.train.drafter", args, tmp_path, stdout=subprocess.DEVNULL)
     line = proc.stderr.readline()
     while "target hidden states" not in line:  # inside the precompute
@@ -314,7 +370,8 @@ def test_ctrl_c_before_training_starts(tmp_path, corpus):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == (
-        "specpipe-train-drafter: error: stopped by Ctrl-C (SIGINT) before training started; nothing was saved")
+        "specpipe-train-drafter: error: stopped by Ctrl-C (SIGINT) before training started; nothing was saved"
+    )
     assert "Traceback" not in err
     assert not list((tmp_path / "head").rglob("*.safetensors"))  # no half-written corpus cache
 
@@ -330,14 +387,23 @@ def test_trainer_override_typo_is_one_line(tmp_path):
 
 
 def test_draft_and_target_vocab_sizes_differ(tmp_path):
-    proc = run_cli([*TINY, "+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "sampling=sample"], tmp_path)
+    proc = run_cli(
+        [*TINY, "+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "sampling=sample"], tmp_path
+    )
     assert proc.returncode == 1
     assert "512 vs 259 token scores per position" in error_line(proc.stderr)
 
 
 def test_prompt_longer_than_the_context(tmp_path):
-    proc = run_cli(["model=tiny-random", "+model.tiny.max_position_embeddings=64", "prompt.chat=false",
-                    "prompt.text=" + "ab" * 50], tmp_path)
+    proc = run_cli(
+        [
+            "model=tiny-random",
+            "+model.tiny.max_position_embeddings=64",
+            "prompt.chat=false",
+            "prompt.text=" + "ab" * 50,
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 1
     assert "the prompt is 100 tokens but tiny-random-llama's context is 64 tokens" in error_line(proc.stderr)
 
@@ -345,9 +411,20 @@ def test_prompt_longer_than_the_context(tmp_path):
 def test_corrupt_safetensors_folder(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 259}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "rms_norm_eps": 1e-5,
+                "vocab_size": 259,
+            }
+        )
+    )
     (folder / "model.safetensors").write_bytes(random.Random(0).randbytes(3000))
     proc = run_cli([f"model.path={folder}"], tmp_path)
     assert proc.returncode == 1
@@ -364,8 +441,7 @@ def test_gguf_cut_in_half(tmp_path, smollm2_gguf):
 
 
 def test_unsupported_packaged_model_is_refused_before_download(tmp_path, monkeypatch):
-    from specpipe.engine.load import loader
-    from specpipe.engine.load import model_store
+    from specpipe.engine.load import loader, model_store
     from specpipe.errors import ConfigError
 
     monkeypatch.setattr(model_store, "model_path", lambda *a, **k: pytest.fail("downloaded before refusing"))
@@ -398,15 +474,33 @@ def test_bad_values_exit_2_before_anything_loads(tmp_path, override, words):
 
 
 def test_non_utf8_prompt_bytes_from_the_shell(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", b"prompt.text=a\xffb"],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", b"prompt.text=a\xffb"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "not UTF-8" in error_line(proc.stderr)
 
 
 NUMERIC_KEYS = {  # every numeric option of the schema, per the option that has it
-    "": ["max_tokens", "model.seed", "sampling.temperature", "sampling.top_k", "sampling.top_p", "sampling.min_p",
-         "sampling.seed", "budget.k", "draft.min_n", "draft.max_n", "draft.window", "prefill.chunk",
-         "prefill.progress_tokens"],
+    "": [
+        "max_tokens",
+        "model.seed",
+        "sampling.temperature",
+        "sampling.top_k",
+        "sampling.top_p",
+        "sampling.min_p",
+        "sampling.seed",
+        "budget.k",
+        "draft.min_n",
+        "draft.max_n",
+        "draft.window",
+        "prefill.chunk",
+        "prefill.progress_tokens",
+    ],
     "kv=quantized": ["kv.bits", "kv.group_size"],
     "kv=window": ["kv.size"],
     "budget=adaptive": ["budget.k", "budget.k_min", "budget.k_max"],

@@ -107,7 +107,9 @@ class NumpyReference:
         ang = pos[:, None] * self.base ** (-np.arange(0, hd, 2) / hd)[None, :]
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         # NEOX rotates (x[i], x[i + hd/2]); GGML NORMAL rotates (x[2i], x[2i+1]).
-        idx0, idx1 = (slice(0, hd // 2), slice(hd // 2, hd)) if self.arch == "qwen2" else (slice(0, hd, 2), slice(1, hd, 2))
+        idx0, idx1 = (
+            (slice(0, hd // 2), slice(hd // 2, hd)) if self.arch == "qwen2" else (slice(0, hd, 2), slice(1, hd, 2))
+        )
         out = np.empty_like(x)
         out[..., idx0] = x[..., idx0] * cos - x[..., idx1] * sin
         out[..., idx1] = x[..., idx0] * sin + x[..., idx1] * cos
@@ -191,7 +193,10 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tk.train_from_iterator(TEXTS * 20 + ["the quick brown fox jumps over the lazy dog " * 5], trainer)
     vocab = tk.get_vocab()

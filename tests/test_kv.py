@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from conftest import first_difference, generate, make_drafter, noisy_copy
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 
-from conftest import first_difference, generate, make_drafter, noisy_copy
 from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV, WindowKVCache, kv_figures
 from specpipe.engine.load.loader import load_engine
 from specpipe.errors import SpecpipeError
@@ -117,8 +117,9 @@ def test_recompute_rollback_on_a_window(arch):
     target = engine(arch, kv)
     prompt = target.encode_prompt("the cat sat on the mat, the cat sat on the", chat=False)
     baseline, _, _, _ = generate(target, make_drafter("none", target), 1, prompt, MAX_TOKENS)
-    pipe = SpeculativePipeline(target, make_drafter("ngram", target), FixedBudget(k=4), GreedyComparator(),
-                               RecomputeRollback(), GreedyBonus())
+    pipe = SpeculativePipeline(
+        target, make_drafter("ngram", target), FixedBudget(k=4), GreedyComparator(), RecomputeRollback(), GreedyBonus()
+    )
     final = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))[-1]
     assert final.token_ids == baseline
 

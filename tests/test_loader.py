@@ -60,11 +60,23 @@ def test_unknown_repo_id_is_refused(tmp_path, monkeypatch):
         load_engine(path="nobody/nothing")
 
 
-@pytest.mark.parametrize("precision, expect", [("bfloat16", "bfloat16"), ("float16", "float16"), ("mlx8", "q8"), ("mlx4", "q4")])
+@pytest.mark.parametrize(
+    "precision, expect", [("bfloat16", "bfloat16"), ("float16", "float16"), ("mlx8", "q8"), ("mlx4", "q4")]
+)
 def test_precisions(precision, expect):
-    engine = load_engine("tiny-random", precision=precision, arch="llama", tiny={"hidden_size": 128, "intermediate_size": 256, "head_dim": 32})
+    engine = load_engine(
+        "tiny-random",
+        precision=precision,
+        arch="llama",
+        tiny={"hidden_size": 128, "intermediate_size": 256, "head_dim": 32},
+    )
     assert expect in engine.info.precision
-    reference = load_engine("tiny-random", precision="float32", arch="llama", tiny={"hidden_size": 128, "intermediate_size": 256, "head_dim": 32})
+    reference = load_engine(
+        "tiny-random",
+        precision="float32",
+        arch="llama",
+        tiny={"hidden_size": 128, "intermediate_size": 256, "head_dim": 32},
+    )
     a, b = logits_of(engine), logits_of(reference)
     # lower precision moves logits (4-bit on random Gaussian weights: ~25%), but it is the same model
     cosine = (mx.sum(a * b) / mx.sqrt(mx.sum(a * a) * mx.sum(b * b))).item()

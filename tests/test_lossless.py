@@ -4,7 +4,6 @@ alone (draft=none), token for token, for every drafter and K."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
 
 KS = [1, 2, 4, 8, 16, 32]

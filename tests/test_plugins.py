@@ -12,18 +12,23 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import CONF_DIR
 from omegaconf import MISSING, OmegaConf
 
 import specpipe.config as config
-from conftest import CONF_DIR
 from specpipe.core import protocols
 from specpipe.errors import ConfigError
 from specpipe.plugins import RUNTIME, build_plugin, check_plugin_keys, config_parameters, plugin_class
 from specpipe.preflight import check_config
 from specpipe.session import check_supported
 
-PROTOCOLS = {"draft": protocols.Drafter, "budget": protocols.Budget, "rollback": protocols.Rollback,
-             "compare": protocols.Comparator, "kv": protocols.KvPolicy}
+PROTOCOLS = {
+    "draft": protocols.Drafter,
+    "budget": protocols.Budget,
+    "rollback": protocols.Rollback,
+    "compare": protocols.Comparator,
+    "kv": protocols.KvPolicy,
+}
 HYDRA_KEYS = {"defaults", "_target_", "_partial_", "name"}
 
 
@@ -75,13 +80,29 @@ def test_every_plugin_is_checked_against_its_protocol(group, path):
 # ---------------------------------------------------------------- misspelled keys
 
 
-@pytest.mark.parametrize("group, node, key", [
-    ("budget", {"_target_": "specpipe.budgets.fixed.FixedBudget", "name": "fixed", "kk": 3}, "budget.kk"),
-    ("draft", {"_target_": "specpipe.drafters.ngram.NgramDrafter", "name": "ngram", "min_n": 1, "max_n": 4,
-               "window": 64, "min_nn": 2}, "draft.min_nn"),
-    ("rollback", {"_target_": "specpipe.rollbacks.auto.AutoRollback", "name": "auto", "max_snapshot_mbb": 3.0},
-     "rollback.max_snapshot_mbb"),
-])
+@pytest.mark.parametrize(
+    "group, node, key",
+    [
+        ("budget", {"_target_": "specpipe.budgets.fixed.FixedBudget", "name": "fixed", "kk": 3}, "budget.kk"),
+        (
+            "draft",
+            {
+                "_target_": "specpipe.drafters.ngram.NgramDrafter",
+                "name": "ngram",
+                "min_n": 1,
+                "max_n": 4,
+                "window": 64,
+                "min_nn": 2,
+            },
+            "draft.min_nn",
+        ),
+        (
+            "rollback",
+            {"_target_": "specpipe.rollbacks.auto.AutoRollback", "name": "auto", "max_snapshot_mbb": 3.0},
+            "rollback.max_snapshot_mbb",
+        ),
+    ],
+)
 def test_a_misspelled_key_is_an_error_not_swallowed(group, node, key):
     """A YAML without a schema (a user's own option file) reaches the constructor with the typo."""
     with pytest.raises(ConfigError, match=f"unknown option {key} ") as info:
@@ -95,15 +116,26 @@ def test_a_misspelled_key_is_an_error_not_swallowed(group, node, key):
 
 
 def test_a_runtime_object_is_not_a_yaml_option():
-    node = {"_target_": "specpipe.drafters.model.ModelDrafter", "name": "model", "model": "self", "path": None,
-            "quant": None, "target": "x"}
+    node = {
+        "_target_": "specpipe.drafters.model.ModelDrafter",
+        "name": "model",
+        "model": "self",
+        "path": None,
+        "quant": None,
+        "target": "x",
+    }
     assert check_plugin_keys(node, "draft").startswith("unknown option draft.target ")
 
 
 @pytest.mark.parametrize("override", ["budget.kk=3", "draft.min_nn=2", "rollback.max_snapshot_mbb=3", "+budget.kk=3"])
 def test_cli_misspelled_key_exits_2_with_one_line(tmp_path, override):
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli", "model=tiny-random", override],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", override],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and override.lstrip("+").split("=")[0] in lines[0], proc.stderr
     assert not list(tmp_path.glob("outputs/*/*/summary.json"))
@@ -148,11 +180,16 @@ def test_config_schemas_hold_types_only():
             if f.name in ("_target_", "_partial_"):
                 continue
             structure = f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
-            assert f.default is MISSING or structure, f"{schema.__name__}.{f.name} = {f.default!r}: the YAML holds values"
+            assert f.default is MISSING or structure, (
+                f"{schema.__name__}.{f.name} = {f.default!r}: the YAML holds values"
+            )
 
 
-@pytest.mark.parametrize("primary, group", [("config", g) for g in ("model", "quant", "sampling", "prompt", *RUNTIME)]
-                         + [("bench", "suite"), ("train_drafter", "model")])
+@pytest.mark.parametrize(
+    "primary, group",
+    [("config", g) for g in ("model", "quant", "sampling", "prompt", *RUNTIME)]
+    + [("bench", "suite"), ("train_drafter", "model")],
+)
 def test_every_option_gives_every_value(primary, group):
     from hydra import compose, initialize
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 
 import mlx.core as mx
-
 from conftest import generate, make_drafter, noisy_copy, tiny
+
 from specpipe.cli.generate import PrefillBar, summary_line
 from specpipe.events import PrefillDone, PrefillProgress, RunStarted
 
@@ -59,8 +59,13 @@ def feed(bar: PrefillBar, total: int) -> None:
 def _started() -> RunStarted:
     from specpipe.events import ModelInfo
 
-    return RunStarted(target=ModelInfo(name="m", source="tiny-random", arch="llama", precision="float32"),
-                      drafter="ngram", budget="fixed", rollback="trim", max_tokens=4)
+    return RunStarted(
+        target=ModelInfo(name="m", source="tiny-random", arch="llama", precision="float32"),
+        drafter="ngram",
+        budget="fixed",
+        rollback="trim",
+        max_tokens=4,
+    )
 
 
 def test_bar_only_on_a_terminal_and_only_for_long_prompts():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from specpipe.cli.prompt_args import PromptArgError, expand_prompt_args, hydra_quote
@@ -29,7 +29,13 @@ def test_forms_become_one_quoted_override():
     assert expand_prompt_args(["--prompt", "it's"]) == ["prompt.text='it\\'s'"]
     assert expand_prompt_args(["-"], stdin=io.StringIO("from stdin\n")) == ["prompt.text='from stdin\n'"]
     # Hydra's flags keep their values; overrides stay as typed.
-    assert expand_prompt_args(["-cn", "config", "--cfg", "job", "budget.k=4"]) == ["-cn", "config", "--cfg", "job", "budget.k=4"]
+    assert expand_prompt_args(["-cn", "config", "--cfg", "job", "budget.k=4"]) == [
+        "-cn",
+        "config",
+        "--cfg",
+        "job",
+        "budget.k=4",
+    ]
     assert expand_prompt_args(["-sc", "query=bash"]) == ["-sc", "query=bash"]
     # A single word is a prompt, not an override; ~key deletes a key.
     assert expand_prompt_args(["hello"]) == ["prompt.text='hello'"]

@@ -18,10 +18,16 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MODULES = {"specpipe": "specpipe.cli.generate", "specpipe-bench": "specpipe.bench.harness", "specpipe-calibrate": "specpipe.cli.calibrate",
-           "specpipe-train-drafter": "specpipe.train.drafter", "specpipe-chat": "tui.cli",
-           "specpipe-models": "specpipe.engine.load.model_store", "specpipe-bench-report": "specpipe.bench.report",
-           "specpipe-serve": "specpipe.serve.cli"}
+MODULES = {
+    "specpipe": "specpipe.cli.generate",
+    "specpipe-bench": "specpipe.bench.harness",
+    "specpipe-calibrate": "specpipe.cli.calibrate",
+    "specpipe-train-drafter": "specpipe.train.drafter",
+    "specpipe-chat": "tui.cli",
+    "specpipe-models": "specpipe.engine.load.model_store",
+    "specpipe-bench-report": "specpipe.bench.report",
+    "specpipe-serve": "specpipe.serve.cli",
+}
 NEEDS_DOWNLOAD = re.compile(r"qwen|real-pair|/path/to|fetch ")
 TINY = ["model=tiny-random", "+model.tiny.num_hidden_layers=16"]
 # minutes, interactive, or serving until stopped (tests/test_server.py runs it): compose only
@@ -30,7 +36,11 @@ SLOW = ("specpipe-calibrate", "specpipe-train-drafter", "specpipe-chat", "specpi
 PREREQUISITE = {"draft=mtp": "specpipe-train-drafter"}
 
 
-CONFIG_NAME = {"specpipe-bench": "bench", "specpipe-train-drafter": "train_drafter", "specpipe-serve": "serve"}  # else "config"
+CONFIG_NAME = {
+    "specpipe-bench": "bench",
+    "specpipe-train-drafter": "train_drafter",
+    "specpipe-serve": "serve",
+}  # else "config"
 
 
 def readme_commands(path: Path = README) -> list[str]:
@@ -46,7 +56,8 @@ def docs_commands() -> list[str]:
 def compose(words: list[str]) -> str | None:
     """The config check `specpipe ... --cfg job` does, in this process: a one-line message or None."""
     import specpipe.serve.config  # noqa: F401  (the serve schema)
-    from specpipe.cli.argv import flags_first as _flags_first, rerun_args, validate_overrides
+    from specpipe.cli.argv import flags_first as _flags_first
+    from specpipe.cli.argv import rerun_args, validate_overrides
     from specpipe.cli.prompt_args import expand_prompt_args
 
     tool, args = words[0], _flags_first(expand_prompt_args(rerun_args(words[1:])))
@@ -68,8 +79,13 @@ def _argv(line: str) -> tuple[list[str], str | None]:
 def workdir(tmp_path_factory, smollm2_gguf):
     folder = tmp_path_factory.mktemp("readme")
     (folder / "task.txt").write_text("Rename x to y in: def f(x): return x + 1\n")
-    made = subprocess.run([sys.executable, "-m", "specpipe.cli.generate", "model=tiny-random", "max_tokens=2", "hi"],
-                          cwd=folder, capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli.generate", "model=tiny-random", "max_tokens=2", "hi"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr
     (run,) = list(folder.glob("outputs/*/*"))
     return folder, run
@@ -86,7 +102,7 @@ def test_readme_line_runs_as_written(line, workdir):
     if "--replay" in line or "--resume" in line:
         pytest.skip("an interactive replay / resume of a recording: tests/test_tui.py covers both")
     if line.startswith("eval "):
-        words = shlex.split(line[len("eval "):].strip('"$()'))
+        words = shlex.split(line[len("eval ") :].strip('"$()'))
         words = shlex.split(words[0]) if len(words) == 1 else words
         compose_only, stdin = False, None
     else:
@@ -104,11 +120,25 @@ def test_readme_line_runs_as_written(line, workdir):
     elif compose_only:
         assert compose(words) is None, f"{line}: {compose(words)}"
         return
-    elif tool in ("specpipe", "specpipe-bench") and not any(a in args for a in ("--cfg", "--info", "--shell-completion")):
+    elif tool in ("specpipe", "specpipe-bench") and not any(
+        a in args for a in ("--cfg", "--info", "--shell-completion")
+    ):
         tiny = [] if any(a.startswith("model=") for a in args) or "--rerun" in args else TINY
-        args = args + tiny + ["max_tokens=2"] + (["limit=1", "anchor=false", "warmup=false"] if tool == "specpipe-bench" else [])
-    proc = subprocess.run([sys.executable, "-m", MODULES[tool], *args], cwd=folder, input=stdin, env=env,
-                          capture_output=True, text=True, timeout=600)
+        args = (
+            args
+            + tiny
+            + ["max_tokens=2"]
+            + (["limit=1", "anchor=false", "warmup=false"] if tool == "specpipe-bench" else [])
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", MODULES[tool], *args],
+        cwd=folder,
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     expected = next((advice for key, advice in PREREQUISITE.items() if key in line.split("#")[0]), None)
     if expected:
         assert proc.returncode != 0 and expected in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

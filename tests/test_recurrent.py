@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-
 from conftest import first_difference, make_drafter, noisy_copy, tiny
+
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.errors import SpecpipeError
-from specpipe.events import RunFinished
 from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture, Engine
+from specpipe.errors import SpecpipeError
+from specpipe.events import RunFinished
 from specpipe.rollbacks import layers as cache_layers
 from specpipe.rollbacks.auto import AutoRollback
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.recompute import RecomputeRollback
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.core.stages.bonus import GreedyBonus
-from specpipe.core.stages.compare import GreedyComparator
 
 KS = [1, 2, 4, 8, 16, 32]
 MAX_TOKENS = 32
@@ -148,7 +148,9 @@ def test_state_after_rollback_equals_decoding_the_prefix(arch, strategy, n_drop)
 def test_trim_refuses_a_hybrid_model_in_one_line():
     target, _, _, _ = setup_for("qwen3_next")
     with pytest.raises(SpecpipeError) as err:
-        SpeculativePipeline(target, make_drafter("ngram", target), FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus())
+        SpeculativePipeline(
+            target, make_drafter("ngram", target), FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus()
+        )
     message = str(err.value)
     assert "\n" not in message
     assert "ArraysCache" in message and "rollback=checkpoint" in message and "rollback=recompute" in message

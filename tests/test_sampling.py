@@ -10,18 +10,18 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import noisy_copy
 
 import specpipe.core.stages.compare as compare
-from conftest import noisy_copy
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.drafters.model import ModelDrafter
-from specpipe.drafters.ngram import NgramDrafter
-from specpipe.engine.load.loader import load_engine
 from specpipe.core.pipeline import SpeculativePipeline
-from specpipe.rollbacks.trim import TrimRollback
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import SampledBonus
 from specpipe.core.stages.compare import MatchComparator, RejectionComparator
+from specpipe.drafters.model import ModelDrafter
+from specpipe.drafters.ngram import NgramDrafter
+from specpipe.engine.load.loader import load_engine
+from specpipe.rollbacks.trim import TrimRollback
 
 # ---------------------------------------------------------------- one round, exactly
 
@@ -85,7 +85,9 @@ VOCAB, N_RUNS = 8, 1500
 @pytest.fixture(scope="module")
 def small_vocab_models():
     target = load_engine("tiny-random", precision="float32", arch="llama", seed=3, tiny={"vocab_size": VOCAB})
-    draft = noisy_copy(target, scale=3.0, seed=7, tiny={"vocab_size": VOCAB})  # a poor drafter: many rejections exercise the residual
+    draft = noisy_copy(
+        target, scale=3.0, seed=7, tiny={"vocab_size": VOCAB}
+    )  # a poor drafter: many rejections exercise the residual
     return target, draft
 
 
@@ -101,7 +103,9 @@ def exact_joint(target, sampler, prompt):
 
 def sample_pairs(target, drafter, comparator_cls, sampler, prompt, k=2, rollback=None):
     rollback = rollback or TrimRollback()
-    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), comparator_cls(sampler=sampler), rollback, SampledBonus(sampler=sampler))
+    pipe = SpeculativePipeline(
+        target, drafter, FixedBudget(k=k), comparator_cls(sampler=sampler), rollback, SampledBonus(sampler=sampler)
+    )
     counts = Counter()
     for seed in range(N_RUNS):
         sampler.seed = seed
@@ -152,7 +156,9 @@ def test_broken_residual_is_caught(small_vocab_models, monkeypatch):
     joint = exact_joint(target, sampler, prompt)
     monkeypatch.setattr(compare, "residual_distribution", lambda p, q: p)
     drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler)
-    rejects, stat, critical = chi_square_rejects(sample_pairs(target, drafter, RejectionComparator, sampler, prompt), joint)
+    rejects, stat, critical = chi_square_rejects(
+        sample_pairs(target, drafter, RejectionComparator, sampler, prompt), joint
+    )
     assert rejects, f"chi-square {stat:.1f} <= {critical:.1f}: the broken rule went unnoticed"
 
 
@@ -162,7 +168,14 @@ def test_broken_residual_is_caught(small_vocab_models, monkeypatch):
 def sampled_run(target, comparator_cls, seed=0, k=4, max_tokens=40):
     sampler = Sampler(temperature=0.8, top_p=0.95, seed=seed)
     drafter = ModelDrafter(target=target, load=None, model="self", sampler=sampler)
-    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), comparator_cls(sampler=sampler), TrimRollback(), SampledBonus(sampler=sampler))
+    pipe = SpeculativePipeline(
+        target,
+        drafter,
+        FixedBudget(k=k),
+        comparator_cls(sampler=sampler),
+        TrimRollback(),
+        SampledBonus(sampler=sampler),
+    )
     return list(pipe.run(target.encode_prompt("once upon a time", chat=False), max_tokens, stop_ids=set()))[-1]
 
 

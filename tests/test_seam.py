@@ -17,17 +17,17 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-
 from conftest import make_drafter, noisy_copy, tiny
+
 from specpipe.budgets.fixed import FixedBudget
+from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.engine import introspect
 from specpipe.engine.engine import HIDDEN, Capture, Engine
 from specpipe.errors import SpecpipeError
-from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.rollbacks.auto import AutoRollback
 from specpipe.rollbacks.checkpoint import CheckpointRollback
-from specpipe.core.stages.bonus import GreedyBonus
-from specpipe.core.stages.compare import GreedyComparator
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "specpipe").rglob("*.py")) + sorted((ROOT / "tui").rglob("*.py"))
@@ -55,8 +55,19 @@ def test_no_class_swap_and_no_assignment_to_mlx_lm_classes():
             for alias in node.names
         }
         for node in ast.walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("setattr", "delattr")
+                and node.args
+            ):
                 targets = [ast.Attribute(value=node.args[0], attr="?")]
             for target in targets:
                 root = target
@@ -72,7 +83,9 @@ def test_a_capturing_run_leaves_the_model_as_mlx_lm_built_it():
     draft = noisy_copy(target, scale=0.03)
     prompt = target.encode_prompt("the cat sat on the mat", chat=False)
     for rollback in (CheckpointRollback(), AutoRollback()):
-        pipe = SpeculativePipeline(target, make_drafter("model", target, draft), FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus())
+        pipe = SpeculativePipeline(
+            target, make_drafter("model", target, draft), FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus()
+        )
         list(pipe.run(prompt, 12, stop_ids=set()))
         assert rollback.dropped > 0 and rollback.peak_bytes > 0  # states were captured and restored
     for engine in (target, draft):

@@ -18,8 +18,14 @@ def test_eight_streaming_clients_with_hang_ups(tmp_path, monkeypatch):
     soak = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(soak)
     monkeypatch.chdir(tmp_path)  # the server's run folder
-    result = soak.soak(["model=tiny-random", "draft=ngram", "budget.k=6"], clients=8, seconds=12, max_tokens=40,
-                       disconnect=0.4, rss_slack=1.0)  # 12 s is too short to judge memory; the long run does
+    result = soak.soak(
+        ["model=tiny-random", "draft=ngram", "budget.k=6"],
+        clients=8,
+        seconds=12,
+        max_tokens=40,
+        disconnect=0.4,
+        rss_slack=1.0,
+    )  # 12 s is too short to judge memory; the long run does
     assert result["errors"] == 0, result["first_errors"]
     assert result["mixed"] == 0 and result["completed"] >= 8 and result["hung_up"] > 0, result
     assert result["cancelled"] > 0, result

@@ -31,8 +31,12 @@ PROMPTS = [
 
 class Server:
     def __init__(self, cwd: Path, *overrides: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=24", *overrides],
-                                     cwd=cwd, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=24", *overrides],
+            cwd=cwd,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stderr.readline()  # the start line names the port
         match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
         assert match, line + (self.proc.stderr.read() if self.proc.poll() is not None else "")
@@ -40,8 +44,9 @@ class Server:
         self.log = Path(line.rsplit("requests -> ", 1)[1].strip())
 
     def post(self, path: str, body: dict, timeout: float = 300):
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 raw = resp.read().decode()
@@ -86,9 +91,11 @@ def test_concurrent_speculative_answers_equal_plain_decoding(servers):
 def test_streaming_concatenates_to_the_whole_answer(servers):
     spec, _ = servers
     whole = spec.chat(PROMPTS[0])["choices"][0]["message"]["content"]
-    status, raw = spec.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}], "stream": True})
+    status, raw = spec.post(
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}], "stream": True}
+    )
     assert status == 200
-    events = [line[len("data: "):] for line in raw.splitlines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in raw.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole
@@ -108,15 +115,18 @@ def test_stop_string_and_plain_completions(servers):
     assert status == status2 == 200 and text_spec == json.loads(raw2)["choices"][0]["text"]
 
 
-@pytest.mark.parametrize("path, body, words", [
-    ("/v1/chat/completions", {"messages": []}, "messages is empty"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature=-1"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p=0"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens=0"),
-    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "unknown role"),
-    ("/v1/completions", {"prompt": 3}, "invalid request"),
-    ("/v1/nothing", {}, "no route"),
-])
+@pytest.mark.parametrize(
+    "path, body, words",
+    [
+        ("/v1/chat/completions", {"messages": []}, "messages is empty"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature=-1"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p=0"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens=0"),
+        ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "unknown role"),
+        ("/v1/completions", {"prompt": 3}, "invalid request"),
+        ("/v1/nothing", {}, "no route"),
+    ],
+)
 def test_bad_requests_are_one_line(servers, path, body, words):
     spec, _ = servers
     status, raw = spec.post(path, body)
@@ -210,15 +220,31 @@ def test_metrics_are_prometheus_text(small):
 
 def test_a_hybrid_target_is_served_one_request_at_a_time(tmp_path):
     """Recurrent layers cannot leave holes: batching is refused in one line and batch 1 serves."""
-    proc = subprocess.Popen([sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=8", "model=tiny-random",
-                             "model.arch=qwen3_next", "draft=ngram"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specpipe.serve.cli",
+            "port=0",
+            "max_tokens=8",
+            "model=tiny-random",
+            "model.arch=qwen3_next",
+            "draft=ngram",
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         refusal = proc.stderr.readline()
         assert "batching needs plain attention KV caches; serving one request at a time" in refusal, refusal
         start = proc.stderr.readline()
         port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", start).group(1)
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(
-            {"prompt": "hello", "max_tokens": 8}).encode(), headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps({"prompt": "hello", "max_tokens": 8}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=120) as resp:
             answer = json.loads(resp.read())
         assert answer["usage"]["completion_tokens"] > 0 and "batched" not in answer["specpipe"]

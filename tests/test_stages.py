@@ -5,16 +5,16 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import generate, make_drafter, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import generate, make_drafter, tiny
-from specpipe.drafters.ngram import NgramDrafter
-from specpipe.errors import SpecpipeError
 from specpipe.core.pipeline import cut
-from specpipe.rollbacks.trim import TrimRollback
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.core.stages.draft import Draft
+from specpipe.drafters.ngram import NgramDrafter
+from specpipe.errors import SpecpipeError
+from specpipe.rollbacks.trim import TrimRollback
 
 V = 10
 

@@ -27,7 +27,8 @@ def test_bench_sweep_through_a_launcher_gives_one_report(tmp_path, launcher):
     records = [json.loads(line) for line in (sweep / "bench.jsonl").read_text().splitlines()]
     # Every job's every prompt, in the one sweep file, each measured with the fast BLAS the parent chose.
     assert sorted((r["label"]["k"], r["prompt_id"]) for r in records) == sorted(
-        (k, p) for k in (4, 8) for p in {r["prompt_id"] for r in records})
+        (k, p) for k in (4, 8) for p in {r["prompt_id"] for r in records}
+    )
     assert len(records) == 4
     assert len({r["device"]["blas"] for r in records}) == 1
     report = _console("specpipe.bench.report", [str(sweep)], tmp_path)
@@ -37,8 +38,11 @@ def test_bench_sweep_through_a_launcher_gives_one_report(tmp_path, launcher):
 
 
 def test_specpipe_sweep_through_joblib(tmp_path):
-    proc = _console("specpipe.cli", ["-m", "hydra/launcher=joblib", "budget.k=2,4", "model=tiny-random", "max_tokens=4",
-                                     "prompt.text=ab ab"], tmp_path)
+    proc = _console(
+        "specpipe.cli",
+        ["-m", "hydra/launcher=joblib", "budget.k=2,4", "model=tiny-random", "max_tokens=4", "prompt.text=ab ab"],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summaries = sorted((tmp_path / "outputs" / "multirun").glob("*/*/*/summary.json"))
     assert len(summaries) == 2

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-
 from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
+
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.errors import SpecpipeError
-from specpipe.events import Drafted, Verified
 from specpipe.core.pipeline import SpeculativePipeline
-from specpipe.rollbacks.trim import TrimRollback
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.errors import SpecpipeError
+from specpipe.events import Drafted, Verified
+from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.drafting import ngram_candidates
 from specpipe.trees.forward import keep_path, tree_forward
 from specpipe.trees.shape import TreeShape
@@ -120,7 +120,9 @@ def tree_generate(target, drafter, shape, prompt, max_tokens, stop_ids=None):
     """(ids, RunFinished, events, pipeline) of a tree run."""
     rollback = TrimRollback()
     step = TreeStep(target, drafter, shape, rollback)
-    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
+    pipe = SpeculativePipeline(
+        target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step
+    )
     events = list(pipe.run(prompt, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))
     return events[-1].token_ids, events[-1], events, pipe
 
@@ -138,7 +140,9 @@ def setup(request):
 @pytest.mark.parametrize("kind", ["ngram", "model", "self"])
 def test_tree_greedy_equals_target_alone(setup, kind, shape):
     target, draft, prompt, baseline = setup
-    got, final, events, pipe = tree_generate(target, make_drafter(kind, target, draft), SHAPES[shape], prompt, MAX_TOKENS)
+    got, final, events, pipe = tree_generate(
+        target, make_drafter(kind, target, draft), SHAPES[shape], prompt, MAX_TOKENS
+    )
     assert got == baseline, first_difference(target, prompt, baseline, got)
     assert final.stop_reason == "max_tokens"
     assert pipe.cache[0].offset == len(pipe.context) - 1  # compaction left a plain sequence
@@ -172,7 +176,9 @@ def test_tree_max_tokens(setup, max_tokens):
 # ---------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text", "phi3"])  # hybrid recurrent; sliding window; untested family
+@pytest.mark.parametrize(
+    "arch", ["qwen3_next", "gemma3_text", "phi3"]
+)  # hybrid recurrent; sliding window; untested family
 def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
     from specpipe.engine.load.loader import load_engine
 
@@ -223,8 +229,11 @@ def _two_tokens(P, rng, residual=None):
         tree = _markov_tree(root)
         rows = [root] + tree.tokens  # the token each fed row follows
         v = pick_path_sampled(
-            tree, target_probs=lambda row: P[rows[row]].copy(), uniform=rng.random,
-            sample=lambda p: int(rng.choice(len(p), p=p / p.sum())), residual=residual,
+            tree,
+            target_probs=lambda row: P[rows[row]].copy(),
+            uniform=rng.random,
+            sample=lambda p: int(rng.choice(len(p), p=p / p.sum())),
+            residual=residual,
         )
         step = [tree.tokens[i] for i in v.path] + [v.next_id]
         out.extend(step)
@@ -261,7 +270,9 @@ def test_sampled_tree_run_is_seeded_and_reproducible(setup):
     for _ in range(2):
         sampler = Sampler(temperature=0.8, seed=3)
         step = TreeStep(target, make_drafter("ngram", target), SHAPES["dynamic"], TrimRollback(), sampler)
-        pipe = SpeculativePipeline(target, step.drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=step)
+        pipe = SpeculativePipeline(
+            target, step.drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=step
+        )
         runs.append(list(pipe.run(prompt, 24, stop_ids=set()))[-1].token_ids)
         assert pipe.cache[0].offset == len(pipe.context) - 1
     assert runs[0] == runs[1] and len(runs[0]) == 24

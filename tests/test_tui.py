@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize
 from rich.console import Console
+from tui_script import EXPECTED_TEXT, scripted_decode, scripted_events
 
 import specpipe.config  # noqa: F401
-from specpipe.events import Drafted, Emitted, RunFinished, RunStarted, Verified, read_events
 from specpipe.core.pipeline import RunControl
+from specpipe.events import Drafted, Emitted, RunFinished, RunStarted, Verified, read_events
 from tui.app import ChatApp
 from tui.cli import parse_flags, parse_replay, recorded_config
 from tui.figures import Figures
@@ -23,7 +24,6 @@ from tui.sources import LiveSource, ReplaySource, chat_history
 from tui.transcript import SPECIAL, AnswerTranscript, Piece, printable, special_pattern, split_special, step_pieces
 from tui.widgets.answer import Answer
 from tui.widgets.step_strip import step_cell
-from tui_script import EXPECTED_TEXT, scripted_decode, scripted_events
 
 SIZE = (100, 30)
 # A real low-acceptance run: SmolLM2-135M, prose, n-gram drafts (3% accepted; rejected drafts hold
@@ -71,7 +71,11 @@ def screen_text(app: ChatApp) -> str:
 def test_step_pieces_order_accepted_rejected_recovered():
     emitted = Emitted(step=2, token_ids=[7, 8, 9], text="abX", from_draft=2, token_texts=["a", "b", "X"])
     verified = Verified(step=2, accepted_ids=[7, 8], rejected_ids=[5, 6], recovered_id=9, seconds=0, rejected_text="cd")
-    assert step_pieces(emitted, verified) == [Piece("ab", "accepted", 2), Piece("cd", "rejected", 2), Piece("X", "recovered", 2)]
+    assert step_pieces(emitted, verified) == [
+        Piece("ab", "accepted", 2),
+        Piece("cd", "rejected", 2),
+        Piece("X", "recovered", 2),
+    ]
 
 
 def test_step_pieces_bonus_and_plain_decoding():
@@ -79,7 +83,9 @@ def test_step_pieces_bonus_and_plain_decoding():
     emitted = Emitted(step=1, token_ids=[1, 2, 3], text="xyz", from_draft=2, token_texts=["x", "y", "z"])
     assert [p.kind for p in step_pieces(emitted, full)] == ["accepted", "bonus"]
     plain = Verified(step=1, accepted_ids=[], rejected_ids=[], bonus_id=3, seconds=0)
-    assert step_pieces(Emitted(step=1, token_ids=[3], text="z", from_draft=0, token_texts=["z"]), plain) == [Piece("z", "target", 1)]
+    assert step_pieces(Emitted(step=1, token_ids=[3], text="z", from_draft=0, token_texts=["z"]), plain) == [
+        Piece("z", "target", 1)
+    ]
 
 
 def test_old_recordings_without_token_texts_fall_back_to_decode():
@@ -96,10 +102,19 @@ def test_old_recordings_without_token_texts_fall_back_to_decode():
 
 def test_special_tokens_are_found_in_text():
     assert split_special("hi<|im_end|>\n<|im_start|>assistant") == [
-        ("hi", False), ("<|im_end|>", True), ("\n", False), ("<|im_start|>", True), ("assistant", False)]
+        ("hi", False),
+        ("<|im_end|>", True),
+        ("\n", False),
+        ("<|im_start|>", True),
+        ("assistant", False),
+    ]
     assert split_special("a <b> c | d", SPECIAL) == [("a <b> c | d", False)]  # ordinary text is left alone
     custom = special_pattern(["</s>", "<pad>"])
-    assert [t for t, special in split_special("x</s>y<pad><|eot_id|>", custom) if special] == ["</s>", "<pad>", "<|eot_id|>"]
+    assert [t for t, special in split_special("x</s>y<pad><|eot_id|>", custom) if special] == [
+        "</s>",
+        "<pad>",
+        "<|eot_id|>",
+    ]
 
 
 def test_transcript_answer_drops_rejected_drafts_and_special_tokens():
@@ -113,9 +128,16 @@ def test_transcript_answer_drops_rejected_drafts_and_special_tokens():
     assert len(transcript.steps) == sum(1 for e in read_events(STORY) if isinstance(e, Verified))
 
 
-@pytest.mark.parametrize("drafted, accepted, expected", [(4, 4, ("\u2588", "all")), (4, 0, ("\u2581", "none")),
-                                                         (4, 2, ("\u2585", "some")), (8, 1, ("\u2582", "some")),
-                                                         (0, 0, ("\u00b7", "plain"))])
+@pytest.mark.parametrize(
+    "drafted, accepted, expected",
+    [
+        (4, 4, ("\u2588", "all")),
+        (4, 0, ("\u2581", "none")),
+        (4, 2, ("\u2585", "some")),
+        (8, 1, ("\u2582", "some")),
+        (0, 0, ("\u00b7", "plain")),
+    ],
+)
 def test_step_cells(drafted, accepted, expected):
     assert step_cell(drafted, accepted) == expected
 
@@ -173,10 +195,17 @@ def test_parse_web_and_resume_flags():
     assert (flags.web, flags.port, flags.resume, flags.rest) == (True, 8123, "chat.jsonl", ["budget.k=4"])
 
 
-@pytest.mark.parametrize("argv, words", [(["--replay"], "needs a value"), (["--replay", "x", "--speed", "fast"], "give a number"),
-                                         (["--speed", "2"], "only applies"), (["--port", "80"], "only applies to --web"),
-                                         (["--web", "--port", "http"], "TCP port"),
-                                         (["--replay", "a", "--resume", "b"], "not both")])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--replay"], "needs a value"),
+        (["--replay", "x", "--speed", "fast"], "give a number"),
+        (["--speed", "2"], "only applies"),
+        (["--port", "80"], "only applies to --web"),
+        (["--web", "--port", "http"], "TCP port"),
+        (["--replay", "a", "--resume", "b"], "not both"),
+    ],
+)
 def test_parse_flag_errors(argv, words):
     with pytest.raises(ValueError, match=words):
         parse_flags(argv)
@@ -189,8 +218,10 @@ def test_resume_takes_the_recorded_config_and_value_overrides():
     assert cfg.prompt.system == "Always answer in French."
     with pytest.raises(ValueError, match="keeps its groups"):
         recorded_config(events, ["draft=none"])
-    assert chat_history(events) == [{"role": "user", "content": events[0].prompt_text},
-                                    {"role": "assistant", "content": events[-1].text}]
+    assert chat_history(events) == [
+        {"role": "user", "content": events[0].prompt_text},
+        {"role": "assistant", "content": events[-1].text},
+    ]
 
 
 # ---- Pilot: scripted events (no model)
@@ -292,7 +323,9 @@ async def test_live_chat_streams_stops_and_clears(tmp_path):
     source = LiveSource(tiny_cfg("max_tokens=100000"), record_to=tmp_path / "events.jsonl")
     app = ChatApp(source)
     batches = []
-    async with app.run_test(size=SIZE, message_hook=lambda m: batches.append(m) if type(m).__name__ == "EventsArrived" else None) as pilot:
+    async with app.run_test(
+        size=SIZE, message_hook=lambda m: batches.append(m) if type(m).__name__ == "EventsArrived" else None
+    ) as pilot:
         await pilot.click("#prompt")
         await pilot.press(*"hello", "enter")
         assert app.messages[0] == {"role": "user", "content": "hello"}
@@ -355,8 +388,9 @@ async def test_a_model_that_fails_to_load_is_shown_not_raised(tmp_path):
 
 
 async def test_prompt_system_reaches_the_prompt_ids(tmp_path):
-    source = LiveSource(tiny_cfg("prompt.system='Always answer in French.'", "max_tokens=4"),
-                        record_to=tmp_path / "events.jsonl")
+    source = LiveSource(
+        tiny_cfg("prompt.system='Always answer in French.'", "max_tokens=4"), record_to=tmp_path / "events.jsonl"
+    )
     app = ChatApp(source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.click("#prompt")
@@ -386,7 +420,10 @@ async def test_save_then_resume_continues_the_chat(tmp_path):
     resumed = ChatApp(source, history=events)
     async with resumed.run_test(size=SIZE) as pilot:
         await pilot.pause(0.1)
-        assert resumed.messages == [{"role": "user", "content": "first"}, {"role": "assistant", "content": first_answer}]
+        assert resumed.messages == [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": first_answer},
+        ]
         assert answers(resumed)[0].text == first_answer  # the earlier turn is drawn
         await pilot.click("#prompt")
         await pilot.press(*"second", "enter")
@@ -399,8 +436,10 @@ async def test_save_then_resume_continues_the_chat(tmp_path):
 
 async def test_config_groups_reach_the_run_as_in_the_cli(tmp_path):
     """Sampling, budget and drafter overrides compose into the chat's Session as into `specpipe`'s."""
-    source = LiveSource(tiny_cfg("budget=adaptive", "sampling=sample", "sampling.seed=7", "compare=match", "max_tokens=6"),
-                        record_to=tmp_path / "events.jsonl")
+    source = LiveSource(
+        tiny_cfg("budget=adaptive", "sampling=sample", "sampling.seed=7", "compare=match", "max_tokens=6"),
+        record_to=tmp_path / "events.jsonl",
+    )
     app = ChatApp(source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f2")
@@ -414,8 +453,10 @@ async def test_config_groups_reach_the_run_as_in_the_cli(tmp_path):
     assert started.budget.startswith("adaptive(") and started.seed == 7 and started.compare == "match"
 
 
-@pytest.mark.parametrize("args, words", [(["--resume", "STORY", "draft=none"], "keeps its groups"),
-                                         (["--resume", "missing.jsonl"], "cannot read")])
+@pytest.mark.parametrize(
+    "args, words",
+    [(["--resume", "STORY", "draft=none"], "keeps its groups"), (["--resume", "missing.jsonl"], "cannot read")],
+)
 def test_resume_errors_are_one_line(args, words):
     import subprocess
     import sys

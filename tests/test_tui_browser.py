@@ -32,16 +32,19 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+from tui_script import scripted_events
+from web_helpers import web_server
 
 from tui.app import ChatApp
 from tui.sources import ReplaySource
 from tui.widgets.legend import Legend
-from tui_script import scripted_events
-from web_helpers import web_server
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (Debian: apt-get install chromium); "
-                                "the browser test of specpipe-chat --web did not run")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium installed (Debian: apt-get install chromium); "
+    "the browser test of specpipe-chat --web did not run",
+)
 # The target drafts for itself: every draft is accepted, so the answer is mostly in the accepted colour.
 LIVE = ["model=tiny-random", "draft=model", "draft.model=self", "budget.k=4", "max_tokens=64"]
 CHAT = os.environ.get("SPECPIPE_BROWSER_CHAT", "").split() or LIVE
@@ -62,11 +65,23 @@ def chromium():
     """Headless Chromium with a DevTools port; yields that port."""
     profile = tempfile.mkdtemp(prefix="specpipe-chromium-")
     process = subprocess.Popen(
-        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-         "--disable-background-networking", "--disable-sync", "--remote-debugging-port=0",
-         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",  # nothing beyond this machine (fonts CDN)
-         f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            CHROMIUM,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-sync",
+            "--remote-debugging-port=0",
+            "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",  # nothing beyond this machine (fonts CDN)
+            f"--user-data-dir={profile}",
+            f"--window-size={WINDOW[0]},{WINDOW[1]}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         port_file, deadline = Path(profile) / "DevToolsActivePort", time.monotonic() + 30
@@ -108,8 +123,14 @@ class DevTools:
 
     async def key(self, key: str, code: int, text: str) -> None:
         for kind in ("keyDown", "keyUp"):
-            await self.call("Input.dispatchKeyEvent", type=kind, key=key, code=key, windowsVirtualKeyCode=code,
-                            text=text if kind == "keyDown" else "")
+            await self.call(
+                "Input.dispatchKeyEvent",
+                type=kind,
+                key=key,
+                code=key,
+                windowsVirtualKeyCode=code,
+                text=text if kind == "keyDown" else "",
+            )
 
 
 def coloured_pixels(image: np.ndarray, rgb: np.ndarray, tolerance: int = 12) -> int:
@@ -127,11 +148,17 @@ async def test_browser_types_a_prompt_and_sees_a_highlighted_answer():
                 await tools.call("Page.enable")
                 await tools.call("Page.navigate", url=url + "/")
                 ready = "!!document.body && document.body.classList.contains('-first-byte')"  # textual.js sets it on the app's first output
-                await wait_until(lambda: tools.call("Runtime.evaluate", expression=ready), lambda r: r["result"].get("value") is True, 60)
+                await wait_until(
+                    lambda: tools.call("Runtime.evaluate", expression=ready),
+                    lambda r: r["result"].get("value") is True,
+                    60,
+                )
                 await asyncio.sleep(2)  # the app's first frames
                 before = coloured_pixels(await tools.screenshot(), rgb)
 
-                await tools.call("Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea').focus()")
+                await tools.call(
+                    "Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea').focus()"
+                )
                 await tools.call("Input.insertText", text=PROMPT)
                 await tools.key("Enter", 13, "\r")
                 shot = await wait_until(tools.screenshot, lambda image: coloured_pixels(image, rgb) > before + 150, 90)

@@ -9,10 +9,10 @@ change: review the SVG (`pytest --snapshot-update` to accept it).
 from __future__ import annotations
 
 from textual.widgets import Input
+from tui_script import scripted_events
 
 from tui.app import ChatApp
 from tui.sources import ReplaySource
-from tui_script import scripted_events
 
 
 async def _settle(pilot) -> None:

@@ -4,18 +4,17 @@ real-browser test is tests/test_tui_browser.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import urllib.request
 
 import aiohttp
 import pytest
+from tui_script import scripted_events
+from web_helpers import LAST, terminal_text, web_server
 
 from specpipe.events import EventWriter
 from tui.cli import Flags, web_command
-from tui_script import scripted_events
-from web_helpers import LAST, terminal_text, web_server
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ async def read_until(ws, words: list[str], timeout_s: float) -> str:
     while not all(w in terminal_text(data) for w in words) and time.monotonic() < deadline:
         try:
             message = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             break
         if message.type == aiohttp.WSMsgType.BINARY:
             data += message.data
@@ -77,8 +76,12 @@ def test_web_refuses_bad_arguments_before_serving(tmp_path):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "tui.cli", "--web", "--replay", str(tmp_path / "missing.jsonl")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "--web", "--replay", str(tmp_path / "missing.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "cannot read" in result.stderr
 
 
@@ -101,6 +104,10 @@ def test_web_refuses_a_port_in_use(recording):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "tui.cli", "--web", "--port", str(port), "--replay", str(recording)],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "tui.cli", "--web", "--port", str(port), "--replay", str(recording)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "in use" in result.stderr

@@ -4,17 +4,25 @@ and bonus tokens, fixed timings, no model (deterministic snapshots)."""
 from __future__ import annotations
 
 from specpipe.events import (
-    Drafted, Emitted, ModelInfo, PrefillDone, RolledBack, RunFinished, RunStarted, RunStats, Verified,
+    Drafted,
+    Emitted,
+    ModelInfo,
+    PrefillDone,
+    RolledBack,
+    RunFinished,
+    RunStarted,
+    RunStats,
+    Verified,
 )
 
 CONFIG_YAML = "model:\n  name: scripted\ndraft:\n  name: ngram\nbudget:\n  k: 4\nmax_tokens: 64\n"
 
 # (draft token texts, accepted count, target token text); ids are indexes into VOCAB.
 STEPS = [
-    (["def", " add", "(a", ","], 4, " b"),        # all four accepted -> bonus
+    (["def", " add", "(a", ","], 4, " b"),  # all four accepted -> bonus
     (["):", "\n", "    return", " a"], 2, "    "),  # two accepted, recovered "    " instead of "    return"
-    (["return", " a", " +", " b"], 4, "\n"),      # bonus
-    ([], 0, "# done"),                            # plain step: nothing drafted
+    (["return", " a", " +", " b"], 4, "\n"),  # bonus
+    ([], 0, "# done"),  # plain step: nothing drafted
 ]
 
 VOCAB = list(dict.fromkeys(text for draft, _, target in STEPS for text in [*draft, target]))  # id = index
@@ -27,8 +35,17 @@ def scripted_events(prompt: str = "Write add(a, b) in Python", with_texts: bool 
 
     info = ModelInfo(name="scripted", source="tiny-random", arch="llama", precision="float32")
     events: list = [
-        RunStarted(t=0.0, target=info, drafter="ngram", budget="fixed(k=4)", rollback="trim", prompt_text=prompt,
-                   prompt_ids=[1, 2, 3, 4, 5], max_tokens=64, config_yaml=CONFIG_YAML),
+        RunStarted(
+            t=0.0,
+            target=info,
+            drafter="ngram",
+            budget="fixed(k=4)",
+            rollback="trim",
+            prompt_text=prompt,
+            prompt_ids=[1, 2, 3, 4, 5],
+            max_tokens=64,
+            config_yaml=CONFIG_YAML,
+        ),
         PrefillDone(t=0.1, tokens=5, seconds=0.1),
     ]
     t, out_ids, out_text = 0.1, [], ""
@@ -38,11 +55,23 @@ def scripted_events(prompt: str = "Write add(a, b) in Python", with_texts: bool 
         full = n == len(draft_ids)
         t += 0.05
         events.append(Drafted(t=t, step=step, k=4, draft_ids=draft_ids, seconds=0.01))
-        events.append(Verified(t=t + 0.02, step=step, accepted_ids=draft_ids[:n], rejected_ids=draft_ids[n:],
-                               recovered_id=None if full else target_id, bonus_id=target_id if full else None,
-                               seconds=0.02, rejected_text="".join(draft[n:]) if with_texts else ""))
-        events.append(RolledBack(t=t + 0.03, step=step, strategy="trim", target_dropped=len(draft_ids) - n,
-                                 draft_dropped=0, seconds=0.0))
+        events.append(
+            Verified(
+                t=t + 0.02,
+                step=step,
+                accepted_ids=draft_ids[:n],
+                rejected_ids=draft_ids[n:],
+                recovered_id=None if full else target_id,
+                bonus_id=target_id if full else None,
+                seconds=0.02,
+                rejected_text="".join(draft[n:]) if with_texts else "",
+            )
+        )
+        events.append(
+            RolledBack(
+                t=t + 0.03, step=step, strategy="trim", target_dropped=len(draft_ids) - n, draft_dropped=0, seconds=0.0
+            )
+        )
         kept = draft_ids[:n] + [target_id]
         text = "".join(draft[:n]) + target_text
         t += 0.05
@@ -50,8 +79,15 @@ def scripted_events(prompt: str = "Write add(a, b) in Python", with_texts: bool 
         events.append(Emitted(t=t, step=step, token_ids=kept, text=text, from_draft=n, token_texts=texts))
         out_ids += kept
         out_text += text
-    stats = RunStats(prompt_tokens=5, generated_tokens=len(out_ids), steps=len(STEPS), target_forwards=len(STEPS),
-                     drafted=12, accepted=10, peak_memory_bytes=300 * 2**20)
+    stats = RunStats(
+        prompt_tokens=5,
+        generated_tokens=len(out_ids),
+        steps=len(STEPS),
+        target_forwards=len(STEPS),
+        drafted=12,
+        accepted=10,
+        peak_memory_bytes=300 * 2**20,
+    )
     events.append(RunFinished(t=t + 0.01, stop_reason="eos", token_ids=out_ids, text=out_text, stats=stats))
     return events
 

@@ -35,14 +35,19 @@ def web_server(*args: str, startup_s: float = 30.0):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "tui.cli", "--web", "--port", str(port), *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     LAST["process"] = process
     try:
         deadline = time.monotonic() + startup_s
         while True:
-            assert process.poll() is None, f"the web server exited: {process.stdout.read().decode(errors='replace')[-2000:]}"
+            assert process.poll() is None, (
+                f"the web server exited: {process.stdout.read().decode(errors='replace')[-2000:]}"
+            )
             try:
                 urllib.request.urlopen(url + "/", timeout=2).read()
                 break

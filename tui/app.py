@@ -25,8 +25,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
-from specpipe.events import Emitted, EventWriter, PrefillDone, PrefillProgress, RunError, RunFinished, RunStarted
 from specpipe.core.pipeline import RunControl
+from specpipe.events import Emitted, EventWriter, PrefillDone, PrefillProgress, RunError, RunFinished, RunStarted
 from tui.figures import Figures
 from tui.messages import EventsArrived, GenerationEnded, GenerationFailed
 from tui.screens.config import ConfigScreen
@@ -71,8 +71,14 @@ class ChatApp(App):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, source, title: str | None = None, history: list | None = None,
-                 first_message: str | None = None, save_dir: str | Path = "outputs/chat"):
+    def __init__(
+        self,
+        source,
+        title: str | None = None,
+        history: list | None = None,
+        first_message: str | None = None,
+        save_dir: str | Path = "outputs/chat",
+    ):
         """
         Args:
             source: a LiveSource or ReplaySource.

@@ -125,7 +125,9 @@ def _task(cfg) -> None:
 
     out = Path(hydra_output_dir() or "outputs/chat")
     # The CLI's prompt is the chat's first message, when the user named one (the default is only an example).
-    asked = any(o.split("=", 1)[0] in ("prompt", "prompt.text", "+prompt.text") for o in HydraConfig.get().overrides.task)
+    asked = any(
+        o.split("=", 1)[0] in ("prompt", "prompt.text", "+prompt.text") for o in HydraConfig.get().overrides.task
+    )
     _run_live(cfg, out, first_message=cfg.prompt.text if asked else None)
 
 
@@ -137,8 +139,13 @@ def _run_live(cfg, out, history: list | None = None, first_message: str | None =
     source = LiveSource(cfg, record_to=out / "events.jsonl")
     for event in history or []:
         source.record(event)  # the new recording holds the whole chat, so it can be resumed again
-    app = ChatApp(source, title=f"{cfg.model.name} | draft={cfg.draft.name}", history=history,
-                  first_message=first_message, save_dir=out)
+    app = ChatApp(
+        source,
+        title=f"{cfg.model.name} | draft={cfg.draft.name}",
+        history=history,
+        first_message=first_message,
+        save_dir=out,
+    )
     try:
         app.run()
     finally:

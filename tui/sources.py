@@ -13,8 +13,8 @@ recorded events back into chat messages, so a saved chat can be resumed.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from specpipe.events import Event, EventWriter, RunFinished, RunStarted, read_recording
 from specpipe.metrics import StatsCollector
@@ -158,8 +158,13 @@ class ReplaySource:
                 collector, start = StatsCollector(), time.monotonic()  # each run's `t` restarts at 0
             if not self._wait_until(start + event.t / self.speed if self.speed else 0.0, control):
                 # End the answer as the pipeline does on a stop: a RunFinished with what was shown.
-                yield RunFinished(t=event.t, stop_reason="stopped", token_ids=collector.token_ids,
-                                  text=collector.text, stats=collector.stats())
+                yield RunFinished(
+                    t=event.t,
+                    stop_reason="stopped",
+                    token_ids=collector.token_ids,
+                    text=collector.text,
+                    stats=collector.stats(),
+                )
                 return
             collector.consume(event)
             yield event

@@ -13,8 +13,8 @@ finds them so views can drop or mark them, and `answer` leaves them out.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from specpipe.events import Emitted, RunStarted, Verified
 

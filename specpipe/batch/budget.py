@@ -39,15 +39,20 @@ class CostTable:
 
     def time(self, rows: int, n: int) -> float:
         """T(rows, n), linear between measured points (and beyond the last, by its slope)."""
-        per_b = [np.interp(n, self.positions, row) if n <= self.positions[-1] else
-                 row[-1] + (n - self.positions[-1]) * (row[-1] - row[-2]) / (self.positions[-1] - self.positions[-2])
-                 for row in self.seconds]
+        per_b = [
+            np.interp(n, self.positions, row)
+            if n <= self.positions[-1]
+            else row[-1] + (n - self.positions[-1]) * (row[-1] - row[-2]) / (self.positions[-1] - self.positions[-2])
+            for row in self.seconds
+        ]
         return float(np.interp(rows, self.batches, per_b))
 
     def describe(self) -> str:
         """e.g. 'T(B, n)/T(1, 1): B=1 [1.0 1.1 1.3], B=4 [2.1 ...] for n=[1, 4, 16]'"""
         base = self.seconds[0, 0]
-        rows = ", ".join(f"B={b} [{' '.join(f'{t / base:.1f}' for t in r)}]" for b, r in zip(self.batches, self.seconds))
+        rows = ", ".join(
+            f"B={b} [{' '.join(f'{t / base:.1f}' for t in r)}]" for b, r in zip(self.batches, self.seconds)
+        )
         return f"T(B, n)/T(1, 1) for n={self.positions}: {rows}"
 
 
@@ -83,8 +88,16 @@ def calibrate(target, max_batch: int, max_n: int, repeats: int = 5) -> CostTable
 
 
 class BatchBudget:
-    def __init__(self, k: int, auto: bool = False, costs: CostTable | None = None, probe_every: int = 16,
-                 probe_k: int = 2, forget: float = 0.9, prior_alpha: float = 0.5):
+    def __init__(
+        self,
+        k: int,
+        auto: bool = False,
+        costs: CostTable | None = None,
+        probe_every: int = 16,
+        probe_k: int = 2,
+        forget: float = 0.9,
+        prior_alpha: float = 0.5,
+    ):
         if auto and costs is None:
             raise ValueError("budget=auto needs a CostTable (calibrate)")
         self.k, self.auto, self.costs = k, auto, costs

@@ -12,10 +12,9 @@ request gets decoded alone with `draft=none` (tests/test_batch.py). Never touche
 
 from __future__ import annotations
 
-from typing import Any
-
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -33,8 +32,10 @@ def refusal(target, drafter_name: str) -> str | None:
     """Why this target / drafter cannot be batched (one line), or None when it can."""
     kinds = {type(c).__name__ for c in target.make_cache()}
     if kinds != {KVCache.__name__}:
-        return (f"{target.info.name} has {'/'.join(sorted(kinds - {KVCache.__name__}))} layers (recurrent or "
-                "sliding-window state): batching needs plain attention KV caches")
+        return (
+            f"{target.info.name} has {'/'.join(sorted(kinds - {KVCache.__name__}))} layers (recurrent or "
+            "sliding-window state): batching needs plain attention KV caches"
+        )
     if drafter_name not in BATCHABLE_DRAFTERS:
         return f"draft={drafter_name} keeps a model cache per request: batching supports draft=none / ngram"
     return None
@@ -44,16 +45,21 @@ def session_plugins(session):
     """(seed, temperature=, top_p=) -> (drafter, comparator, bonus, greedy): what `Session` builds,
     fresh for each row; None keeps the server's configured value."""
     from specpipe.core.sampling import Sampler
-    from specpipe.session import build_plugin
     from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
     from specpipe.core.stages.compare import GreedyComparator
+    from specpipe.session import build_plugin
 
     cfg = session.cfg
 
     def plugins(seed: int | None, temperature: float | None = None, top_p: float | None = None):
         s = cfg.sampling
-        sampler = Sampler(s.temperature if temperature is None else temperature, s.top_k,
-                          s.top_p if top_p is None else top_p, s.min_p, s.seed if seed is None else seed)
+        sampler = Sampler(
+            s.temperature if temperature is None else temperature,
+            s.top_k,
+            s.top_p if top_p is None else top_p,
+            s.min_p,
+            s.seed if seed is None else seed,
+        )
         drafter = build_plugin(cfg.draft, "draft", target=session.target, load=None, sampler=sampler)
         if sampler.greedy:
             return drafter, GreedyComparator(), GreedyBonus(), True
@@ -123,8 +129,16 @@ class BatchDecoder:
         solo = self.target.make_cache()
         self.target.prefill(prompt_ids[:-1], solo)
         drafter.prefill(prompt_ids)
-        row = Row(list(prompt_ids), max_tokens, drafter, comparator, bonus, greedy, self.target.tokenizer.detokenizer,
-                  context=list(prompt_ids))
+        row = Row(
+            list(prompt_ids),
+            max_tokens,
+            drafter,
+            comparator,
+            bonus,
+            greedy,
+            self.target.tokenizer.detokenizer,
+            context=list(prompt_ids),
+        )
         self.cache.add(solo)
         self.rows.append(row)
         return row
@@ -154,10 +168,15 @@ class BatchDecoder:
         verdicts = [self._compare(b, row, d, logits, argmax) for b, (row, d) in enumerate(zip(self.rows, drafts))]
         self.cache.commit([len(new_ids) for new_ids, _ in verdicts], n)
         verify_s = time.perf_counter() - t0
-        steps = [self._emit(row, d, new_ids, accepted) for row, d, (new_ids, accepted) in zip(self.rows, drafts, verdicts)]
+        steps = [
+            self._emit(row, d, new_ids, accepted) for row, d, (new_ids, accepted) in zip(self.rows, drafts, verdicts)
+        ]
         report = StepReport(steps, len(self.rows), n, draft_s, verify_s)
         self.remove([row for row in self.rows if row.finished])
-        if self.cache.holes() > self.cache.size * 256 and self.cache.holes() > self.cache.valid[:, : self.cache.idx].sum():
+        if (
+            self.cache.holes() > self.cache.size * 256
+            and self.cache.holes() > self.cache.valid[:, : self.cache.idx].sum()
+        ):
             self.cache.compact()  # holes outnumber kept columns: attention would mostly read masked keys
         return report
 

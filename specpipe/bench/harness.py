@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -23,7 +23,19 @@ from specpipe.cli.shell import Stopped, hydra_main
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
-SESSION_KEYS = ("model", "draft", "quant", "budget", "rollback", "compare", "sampling", "tree", "kv", "prefill", "max_tokens")
+SESSION_KEYS = (
+    "model",
+    "draft",
+    "quant",
+    "budget",
+    "rollback",
+    "compare",
+    "sampling",
+    "tree",
+    "kv",
+    "prefill",
+    "max_tokens",
+)
 
 _loaded_target: dict = {}  # model spec -> Engine: multirun jobs share one process, so load once
 
@@ -89,7 +101,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     chash = config_hash(snapshot)
     out = ResultsFile(results)
     if cfg.repeats < 1:
-        raise SpecpipeError(f"repeats={cfg.repeats}: measure each prompt at least once (repeats=1, or 3 on a noisy machine)")
+        raise SpecpipeError(
+            f"repeats={cfg.repeats}: measure each prompt at least once (repeats=1, or 3 on a noisy machine)"
+        )
     prompts = load_suite(cfg.suite.name, cfg.suite.path, cfg.limit)
     done = out.done_pairs() if cfg.resume else set()
     pending = [p for p in prompts if (chash, p["id"]) not in done]
@@ -110,9 +124,13 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     # mlx-lm drafts a fixed K: a fixed budget's, else an adaptive budget's starting k (4 if it has none).
     k = cfg.budget.get("k", None) or 4
     label = {
-        "model": spec.target.info.name, "precision": spec.target.info.precision, "drafter": spec.drafter.name,
+        "model": spec.target.info.name,
+        "precision": spec.target.info.precision,
+        "drafter": spec.drafter.name,
         "draft_model": spec.draft_info.name if spec.draft_info else ("self" if spec.drafter.name == "model" else None),
-        "budget": spec.budget_label(), "k": k, "suite": cfg.suite.name if not cfg.suite.path else Path(cfg.suite.path).stem,
+        "budget": spec.budget_label(),
+        "k": k,
+        "suite": cfg.suite.name if not cfg.suite.path else Path(cfg.suite.path).stem,
     }
 
     def encode(prompt: dict) -> list[int]:
@@ -169,16 +187,22 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             run["speedup"] = _ratio(run["decode_tok_s"], b["decode_tok_s"])
             run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
         record = {
-            "config_hash": chash, "config": snapshot, "label": label, "prompt_id": prompt["id"],
-            "prompt_tokens": len(ids), "order": "baseline-first" if i % 2 == 0 else "spec-first",
-            "baseline": b, "spec": s,
+            "config_hash": chash,
+            "config": snapshot,
+            "label": label,
+            "prompt_id": prompt["id"],
+            "prompt_tokens": len(ids),
+            "order": "baseline-first" if i % 2 == 0 else "spec-first",
+            "baseline": b,
+            "spec": s,
             "speedup": _ratio(s["decode_tok_s"], b["decode_tok_s"]),
             "speedup_e2e": _ratio(s["e2e_tok_s"], b["e2e_tok_s"]),
             "greedy": greedy,
             "first_mismatch": first_mismatch(b["token_ids"], s["token_ids"]) if greedy else None,
             "anchor": None,
             "fixed": fixed_runs or None,
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **env,
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            **env,
         }
         record["tokens_match"] = record["first_mismatch"] is None
         if cfg.anchor:
@@ -254,7 +278,9 @@ def progress_line(n: int, total: int, r: dict, elapsed: float) -> str:
     anchor = ""
     if r["anchor"]:
         a = r["anchor"]
-        anchor = f" | mlx-lm {a['plain']['decode_tok_s']:.1f}" + (f"/{a['spec']['decode_tok_s']:.1f}" if a["spec"] else "")
+        anchor = f" | mlx-lm {a['plain']['decode_tok_s']:.1f}" + (
+            f"/{a['spec']['decode_tok_s']:.1f}" if a["spec"] else ""
+        )
     fixed = "".join(f" K={k} {run['speedup']:.2f}x" for k, run in (r.get("fixed") or {}).items())
     s = r["spec"]
     return (

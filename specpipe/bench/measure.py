@@ -79,7 +79,9 @@ def measure_mlx_lm(
         if left:  # would time our code under mlx-lm's name
             raise RuntimeError(f"the mlx-lm anchor would run on a model holding specpipe modules at {', '.join(left)}")
     s = sampling or {}
-    sampler = make_sampler(temp=s.get("temperature", 0.0), top_p=s.get("top_p", 1.0), min_p=s.get("min_p", 0.0), top_k=s.get("top_k", 0))
+    sampler = make_sampler(
+        temp=s.get("temperature", 0.0), top_p=s.get("top_p", 1.0), min_p=s.get("min_p", 0.0), top_k=s.get("top_k", 0)
+    )
     kwargs = {"sampler": sampler}
     if draft_model is not None:
         kwargs.update(draft_model=draft_model, num_draft_tokens=k)
@@ -98,7 +100,9 @@ def measure_mlx_lm(
         if m is not None:
             _prefill(m, c, prompt_ids[:-1])
     prefill_end = time.perf_counter() - t0
-    stream = stream_generate(model, tokenizer, mx.array(prompt_ids[-1:]), max_tokens=max_tokens, prompt_cache=cache, **kwargs)
+    stream = stream_generate(
+        model, tokenizer, mx.array(prompt_ids[-1:]), max_tokens=max_tokens, prompt_cache=cache, **kwargs
+    )
     for response in stream:
         now = time.perf_counter() - t0
         # The last response repeats the EOS token that ended the run (finish_reason "stop"): not output.

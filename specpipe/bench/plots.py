@@ -50,8 +50,14 @@ def speedup_vs_k(summaries: list[dict], path: Path) -> str:
         (line,) = ax.plot(ks, [s["speedup"] for s in ss], marker="o", label=f"{name} (specpipe)")
         anchored = [s for s in ss if s["anchor"] and s["anchor"]["speedup"]]
         if anchored:
-            ax.plot([s["label"]["k"] for s in anchored], [s["anchor"]["speedup"] for s in anchored], marker="x",
-                    linestyle=":", color=line.get_color(), label=f"{name} (mlx-lm)")
+            ax.plot(
+                [s["label"]["k"] for s in anchored],
+                [s["anchor"]["speedup"] for s in anchored],
+                marker="x",
+                linestyle=":",
+                color=line.get_color(),
+                label=f"{name} (mlx-lm)",
+            )
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     _k_axis(ax, summaries)
     ax.set_xlabel("budget K (draft tokens per step)")

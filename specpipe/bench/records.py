@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 from specpipe.errors import SpecpipeError
 
@@ -26,7 +26,11 @@ UNHASHED_KEYS = ("limit", "resume", "results", "warmup", "repeats")  # how much 
 
 def suite_names() -> list[str]:
     """Packaged suites (specpipe/bench/suites/*.jsonl)."""
-    return sorted(p.name[: -len(".jsonl")] for p in resources.files("specpipe.bench.suites").iterdir() if p.name.endswith(".jsonl"))
+    return sorted(
+        p.name[: -len(".jsonl")]
+        for p in resources.files("specpipe.bench.suites").iterdir()
+        if p.name.endswith(".jsonl")
+    )
 
 
 def load_suite(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
@@ -41,7 +45,7 @@ def load_suite(name: str, path: str | None = None, limit: int | None = None) -> 
     if path:
         source = Path(path)
         if not source.is_file():
-            raise SpecpipeError(f"suite.path={path} does not exist: give a JSONL file of {{\"id\", \"prompt\"}} lines")
+            raise SpecpipeError(f'suite.path={path} does not exist: give a JSONL file of {{"id", "prompt"}} lines')
         text = source.read_text(encoding="utf-8")
     else:
         packaged = resources.files("specpipe.bench.suites") / f"{name}.jsonl"
@@ -56,7 +60,7 @@ def load_suite(name: str, path: str | None = None, limit: int | None = None) -> 
             row = json.loads(line)
             prompts.append({"id": str(row["id"]), "prompt": str(row["prompt"])})
         except (ValueError, KeyError, TypeError) as exc:
-            raise SpecpipeError(f"suite {source} line {n}: expected {{\"id\", \"prompt\"}} JSON ({exc})") from exc
+            raise SpecpipeError(f'suite {source} line {n}: expected {{"id", "prompt"}} JSON ({exc})') from exc
     ids = [p["id"] for p in prompts]
     if len(set(ids)) != len(ids):
         raise SpecpipeError(f"suite {source}: prompt ids must be unique")

@@ -63,22 +63,28 @@ def summarize(rs: list[dict]) -> dict:
     gaps = [g for s in spec for g in s["gaps_ms"]]
     drafted_at, accepted_at = pooled_positions(spec)
     out = {
-        "label": rs[0]["label"], "config": rs[0]["config"], "prompts": len(rs),
+        "label": rs[0]["label"],
+        "config": rs[0]["config"],
+        "prompts": len(rs),
         "base_tok_s": mean([b["decode_tok_s"] for b in base]),
         "spec_tok_s": mean([s["decode_tok_s"] for s in spec]),
         "speedup": geomean([r["speedup"] for r in rs]),
-        "speedup_min": min(r["speedup"] for r in rs), "speedup_max": max(r["speedup"] for r in rs),
+        "speedup_min": min(r["speedup"] for r in rs),
+        "speedup_max": max(r["speedup"] for r in rs),
         "speedup_e2e": geomean([r["speedup_e2e"] for r in rs]),
         "acceptance": _div(sum(s["accepted"] for s in spec), sum(s["drafted"] for s in spec)),
         "tokens_per_forward": _div(sum(s["generated_tokens"] for s in spec), sum(s["steps"] for s in spec)),
         "ttft_s": mean([s["ttft_s"] for s in spec]),
         "prefill_tok_s": mean([s["prefill_tok_s"] for s in spec]),
-        "p50": percentile(gaps, 0.5), "p95": percentile(gaps, 0.95), "p99": percentile(gaps, 0.99),
+        "p50": percentile(gaps, 0.5),
+        "p95": percentile(gaps, 0.95),
+        "p99": percentile(gaps, 0.99),
         "peak_mib": max(s["peak_memory_bytes"] for s in spec) / 2**20,
         "base_peak_mib": max(b["peak_memory_bytes"] for b in base) / 2**20,
         "mismatches": sum(not r["tokens_match"] for r in rs),
         "by_position": [_div(a, d) for a, d in zip(accepted_at, drafted_at)],
-        "gaps": gaps, "base_gaps": [g for b in base for g in b["gaps_ms"]],
+        "gaps": gaps,
+        "base_gaps": [g for b in base for g in b["gaps_ms"]],
         "anchor": None,
         "fixed": _fixed_sweep(rs),
     }
@@ -94,7 +100,9 @@ def summarize(rs: list[dict]) -> dict:
             "ours_spec_e2e": mean([r["spec"]["e2e_tok_s"] for r in rs if r.get("anchor")]),
             "spec_e2e": mean([s["e2e_tok_s"] for s in specs]) if specs else None,
             "differs": sum(
-                run is not None and run.get("first_mismatch") is not None for a in anchored for run in (a["plain"], a["spec"])
+                run is not None and run.get("first_mismatch") is not None
+                for a in anchored
+                for run in (a["plain"], a["spec"])
             ),
             "sweep": _anchor_sweep(anchored),
         }
@@ -115,7 +123,11 @@ def _fixed_sweep(rs: list[dict]) -> dict | None:
 def draft_forward_check(runs: list[dict]) -> tuple[int, int, int]:
     """(draft forwards, drafted tokens, steps) summed: forwards <= drafted + steps means no waste beyond one
     catch-up per step."""
-    return (sum(r.get("draft_forwards", 0) for r in runs), sum(r["drafted"] for r in runs), sum(r["steps"] for r in runs))
+    return (
+        sum(r.get("draft_forwards", 0) for r in runs),
+        sum(r["drafted"] for r in runs),
+        sum(r["steps"] for r in runs),
+    )
 
 
 def verdicts(records: list[dict]) -> list[str]:
@@ -124,20 +136,28 @@ def verdicts(records: list[dict]) -> list[str]:
     for rs in group_by_config(records).values():
         lab = rs[0]["label"]
         ours = geomean([r["speedup"] for r in rs])
-        parts = [f"verdict {lab['suite']} ({len(rs)} prompts, {config_name(lab)}): {lab.get('budget', '?')} {ours:.2f}x"]
+        parts = [
+            f"verdict {lab['suite']} ({len(rs)} prompts, {config_name(lab)}): {lab.get('budget', '?')} {ours:.2f}x"
+        ]
         fixed = _fixed_sweep(rs)
         if fixed:
-            parts.append(f"best fixed K={fixed['best_k']} {fixed['best_speedup']:.2f}x -> {ours / fixed['best_speedup']:.2f} of it")
+            parts.append(
+                f"best fixed K={fixed['best_k']} {fixed['best_speedup']:.2f}x -> {ours / fixed['best_speedup']:.2f} of it"
+            )
         mlx = _anchor_sweep([r["anchor"] for r in rs if r.get("anchor")])
         anchored = [r["anchor"] for r in rs if r.get("anchor") and r["anchor"].get("speedup")]
         if mlx:
-            parts.append(f"mlx-lm best K={mlx['best_k']} {mlx['best_speedup']:.2f}x -> {ours / mlx['best_speedup']:.2f} of it")
+            parts.append(
+                f"mlx-lm best K={mlx['best_k']} {mlx['best_speedup']:.2f}x -> {ours / mlx['best_speedup']:.2f} of it"
+            )
         elif anchored:
             mlx_spec = geomean([a["speedup"] for a in anchored])
             mlx_k = anchored[0]["spec"].get("num_draft_tokens", lab.get("k"))
             parts.append(f"mlx-lm K={mlx_k} {mlx_spec:.2f}x -> {ours / mlx_spec:.2f} of it")
         forwards, drafted, steps = draft_forward_check([r["spec"] for r in rs])
-        parts.append(f"draft forwards {forwards} {'<=' if forwards <= drafted + steps else '>'} drafted {drafted} + steps {steps}")
+        parts.append(
+            f"draft forwards {forwards} {'<=' if forwards <= drafted + steps else '>'} drafted {drafted} + steps {steps}"
+        )
         lines.append(" | ".join(parts))
     return lines
 
@@ -149,8 +169,10 @@ def _anchor_sweep(anchored: list[dict]) -> dict | None:
         return None
     ks = sorted({int(k) for sw in swept for k in sw})
     per_k = {
-        k: {"tok_s": mean([sw[str(k)]["decode_tok_s"] for sw in swept if str(k) in sw]),
-            "speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw])}
+        k: {
+            "tok_s": mean([sw[str(k)]["decode_tok_s"] for sw in swept if str(k) in sw]),
+            "speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw]),
+        }
         for k in ks
     }
     best = max(ks, key=lambda k: per_k[k]["speedup"])
@@ -204,71 +226,149 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         "- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
         f"- fixed per run: precision {first['label'].get('precision')}, max_tokens {cfg.get('max_tokens')}, batch 1, "
         f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, warm-up {cfg.get('warmup')}",
-        f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from " + ", ".join(str(p) for p in sources),
+        f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from "
+        + ", ".join(str(p) for p in sources),
         "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first over the time after the first); "
         "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back.",
         "",
         "## Token match (greedy losslessness)",
         "",
         f"**{mism} mismatches**: every speculative output equals its baseline token for token."
-        if not mism else f"**{mism} MISMATCHES** between speculative and baseline tokens: see the flagged rows below.",
+        if not mism
+        else f"**{mism} MISMATCHES** between speculative and baseline tokens: see the flagged rows below.",
         "",
         "## Summary",
         "",
         table(
-            ["suite", "config", "prompts", "baseline tok/s", "spec tok/s", "speed-up (min-max)", "e2e speed-up", "acceptance",
-             "tok/forward", "TTFT s", "prefill tok/s", "p50/p95/p99 ms", "peak MiB", "mismatches"],
-            [[s["label"]["suite"], config_name(s["label"]), s["prompts"], f"{s['base_tok_s']:.2f}", f"{s['spec_tok_s']:.2f}",
-              f"**{s['speedup']:.2f}x** ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})", f"{s['speedup_e2e']:.2f}x",
-              f"{s['acceptance']:.0%}", f"{s['tokens_per_forward']:.2f}", f"{s['ttft_s']:.2f}", f"{s['prefill_tok_s']:.0f}",
-              f"{s['p50']:.0f}/{s['p95']:.0f}/{s['p99']:.0f}", f"{s['peak_mib']:.0f}", s["mismatches"] or "0"] for s in summaries],
+            [
+                "suite",
+                "config",
+                "prompts",
+                "baseline tok/s",
+                "spec tok/s",
+                "speed-up (min-max)",
+                "e2e speed-up",
+                "acceptance",
+                "tok/forward",
+                "TTFT s",
+                "prefill tok/s",
+                "p50/p95/p99 ms",
+                "peak MiB",
+                "mismatches",
+            ],
+            [
+                [
+                    s["label"]["suite"],
+                    config_name(s["label"]),
+                    s["prompts"],
+                    f"{s['base_tok_s']:.2f}",
+                    f"{s['spec_tok_s']:.2f}",
+                    f"**{s['speedup']:.2f}x** ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})",
+                    f"{s['speedup_e2e']:.2f}x",
+                    f"{s['acceptance']:.0%}",
+                    f"{s['tokens_per_forward']:.2f}",
+                    f"{s['ttft_s']:.2f}",
+                    f"{s['prefill_tok_s']:.0f}",
+                    f"{s['p50']:.0f}/{s['p95']:.0f}/{s['p99']:.0f}",
+                    f"{s['peak_mib']:.0f}",
+                    s["mismatches"] or "0",
+                ]
+                for s in summaries
+            ],
         ),
     ]
     anchored = [s for s in summaries if s["anchor"]]
     if anchored:
         parts += [
-            "", "## specpipe vs mlx-lm (same run, same model objects, same prompt ids)", "",
+            "",
+            "## specpipe vs mlx-lm (same run, same model objects, same prompt ids)",
+            "",
             "mlx-lm has no n-gram drafter: its speculative column is empty unless the drafter is a model (or `self`). "
             "End-to-end (e2e) tok/s = generated tokens / wall time including prefill, on one clock for both systems.",
             "",
             table(
-                ["suite", "config", "specpipe plain", "specpipe spec", "specpipe speed-up", "mlx-lm plain", "mlx-lm spec",
-                 "mlx-lm speed-up", "e2e tok/s: ours plain / spec, mlx-lm plain / spec", "mlx-lm tokens differ"],
-                [[s["label"]["suite"], config_name(s["label"]), f"{s['base_tok_s']:.2f}", f"{s['spec_tok_s']:.2f}",
-                  f"{s['speedup']:.2f}x", f"{s['anchor']['plain_tok_s']:.2f}", _fmt(s["anchor"]["spec_tok_s"]),
-                  _fmt(s["anchor"]["speedup"], "x"),
-                  f"{s['anchor']['ours_base_e2e']:.2f} / {s['anchor']['ours_spec_e2e']:.2f}, "
-                  f"{s['anchor']['plain_e2e']:.2f} / {_fmt(s['anchor']['spec_e2e'])}",
-                  s["anchor"]["differs"]] for s in anchored],
+                [
+                    "suite",
+                    "config",
+                    "specpipe plain",
+                    "specpipe spec",
+                    "specpipe speed-up",
+                    "mlx-lm plain",
+                    "mlx-lm spec",
+                    "mlx-lm speed-up",
+                    "e2e tok/s: ours plain / spec, mlx-lm plain / spec",
+                    "mlx-lm tokens differ",
+                ],
+                [
+                    [
+                        s["label"]["suite"],
+                        config_name(s["label"]),
+                        f"{s['base_tok_s']:.2f}",
+                        f"{s['spec_tok_s']:.2f}",
+                        f"{s['speedup']:.2f}x",
+                        f"{s['anchor']['plain_tok_s']:.2f}",
+                        _fmt(s["anchor"]["spec_tok_s"]),
+                        _fmt(s["anchor"]["speedup"], "x"),
+                        f"{s['anchor']['ours_base_e2e']:.2f} / {s['anchor']['ours_spec_e2e']:.2f}, "
+                        f"{s['anchor']['plain_e2e']:.2f} / {_fmt(s['anchor']['spec_e2e'])}",
+                        s["anchor"]["differs"],
+                    ]
+                    for s in anchored
+                ],
             ),
         ]
     swept = [s for s in anchored if s["anchor"]["sweep"]]
     if swept:
         ks = sorted({k for s in swept for k in s["anchor"]["sweep"]["per_k"]})
         parts += [
-            "", "## mlx-lm's num_draft_tokens sweep (same run)", "",
+            "",
+            "## mlx-lm's num_draft_tokens sweep (same run)",
+            "",
             "Speed-up of mlx-lm's speculative decoding over mlx-lm's own plain decoding, geometric mean over prompts; "
             "the best K is chosen over the whole suite (no per-prompt oracle).",
             "",
             table(
-                ["suite", "config", *[f"mlx-lm K={k}" for k in ks], "mlx-lm best", "specpipe speed-up", "specpipe / mlx-lm best"],
-                [[s["label"]["suite"], config_name(s["label"]),
-                  *[_fmt(s["anchor"]["sweep"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
-                  f"{s['anchor']['sweep']['best_speedup']:.2f}x (K={s['anchor']['sweep']['best_k']})",
-                  f"{s['speedup']:.2f}x", f"**{s['speedup'] / s['anchor']['sweep']['best_speedup']:.2f}**"] for s in swept],
+                [
+                    "suite",
+                    "config",
+                    *[f"mlx-lm K={k}" for k in ks],
+                    "mlx-lm best",
+                    "specpipe speed-up",
+                    "specpipe / mlx-lm best",
+                ],
+                [
+                    [
+                        s["label"]["suite"],
+                        config_name(s["label"]),
+                        *[_fmt(s["anchor"]["sweep"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
+                        f"{s['anchor']['sweep']['best_speedup']:.2f}x (K={s['anchor']['sweep']['best_k']})",
+                        f"{s['speedup']:.2f}x",
+                        f"**{s['speedup'] / s['anchor']['sweep']['best_speedup']:.2f}**",
+                    ]
+                    for s in swept
+                ],
             ),
         ]
     fixed = [s for s in summaries if s["fixed"]]
     if fixed:
         ks = sorted({k for s in fixed for k in s["fixed"]["per_k"]})
         parts += [
-            "", "## The budget vs specpipe's fixed K (same run, same baseline runs)", "",
+            "",
+            "## The budget vs specpipe's fixed K (same run, same baseline runs)",
+            "",
             table(
                 ["suite", "config", *[f"K={k}" for k in ks], "best fixed", "budget", "budget / best fixed"],
-                [[s["label"]["suite"], config_name(s["label"]),
-                  *[_fmt(s["fixed"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
-                  f"{s['fixed']['best_speedup']:.2f}x (K={s['fixed']['best_k']})", f"{s['speedup']:.2f}x",
-                  f"**{s['speedup'] / s['fixed']['best_speedup']:.2f}**"] for s in fixed],
+                [
+                    [
+                        s["label"]["suite"],
+                        config_name(s["label"]),
+                        *[_fmt(s["fixed"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
+                        f"{s['fixed']['best_speedup']:.2f}x (K={s['fixed']['best_k']})",
+                        f"{s['speedup']:.2f}x",
+                        f"**{s['speedup'] / s['fixed']['best_speedup']:.2f}**",
+                    ]
+                    for s in fixed
+                ],
             ),
         ]
     parts += ["", "## Verdict", ""] + [f"- {line}" for line in verdicts([r for rs in groups.values() for r in rs])]
@@ -279,16 +379,49 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         for r in sorted(rs, key=lambda r: r["prompt_id"]):
             flag = "ok" if r["tokens_match"] else f"**MISMATCH at {r['first_mismatch']}**"
             a = r.get("anchor") or {}
-            runs = {"plain": a.get("plain"), "spec": a.get("spec"), **{f"K={k}": v for k, v in (a.get("sweep") or {}).items()}}
+            runs = {
+                "plain": a.get("plain"),
+                "spec": a.get("spec"),
+                **{f"K={k}": v for k, v in (a.get("sweep") or {}).items()},
+            }
             anchor_flag = ", ".join(
-                f"mlx-lm {name} differs at {run['first_mismatch']}" for name, run in runs.items()
+                f"mlx-lm {name} differs at {run['first_mismatch']}"
+                for name, run in runs.items()
                 if isinstance(run, dict) and run.get("first_mismatch") is not None
             )
-            rows.append([s["label"]["suite"], config_name(s["label"]), r["prompt_id"], r["prompt_tokens"],
-                         f"{r['baseline']['decode_tok_s']:.2f}", f"{r['spec']['decode_tok_s']:.2f}", f"{r['speedup']:.2f}x",
-                         f"{r['spec']['acceptance_rate']:.0%}", r["spec"]["generated_tokens"], flag, anchor_flag or "-"])
-    parts.append(table(["suite", "config", "prompt", "prompt tokens", "baseline tok/s", "spec tok/s", "speed-up",
-                        "acceptance", "tokens", "spec == baseline", "anchor"], rows))
+            rows.append(
+                [
+                    s["label"]["suite"],
+                    config_name(s["label"]),
+                    r["prompt_id"],
+                    r["prompt_tokens"],
+                    f"{r['baseline']['decode_tok_s']:.2f}",
+                    f"{r['spec']['decode_tok_s']:.2f}",
+                    f"{r['speedup']:.2f}x",
+                    f"{r['spec']['acceptance_rate']:.0%}",
+                    r["spec"]["generated_tokens"],
+                    flag,
+                    anchor_flag or "-",
+                ]
+            )
+    parts.append(
+        table(
+            [
+                "suite",
+                "config",
+                "prompt",
+                "prompt tokens",
+                "baseline tok/s",
+                "spec tok/s",
+                "speed-up",
+                "acceptance",
+                "tokens",
+                "spec == baseline",
+                "anchor",
+            ],
+            rows,
+        )
+    )
     return "\n".join(parts) + "\n"
 
 

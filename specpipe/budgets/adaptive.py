@@ -9,8 +9,8 @@ Steps where the drafter proposed fewer than K (nothing to look up) leave K alone
 from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
-from specpipe.errors import SpecpipeError
 from specpipe.core.protocols import BudgetBase
+from specpipe.errors import SpecpipeError
 
 
 class AdaptiveBudget(BudgetBase):
@@ -27,7 +27,9 @@ class AdaptiveBudget(BudgetBase):
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
+    def observe(
+        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+    ) -> None:
         if drafted < self.k and accepted == drafted:
             return  # a short draft says nothing about how long drafts could be
         if accepted == drafted:

@@ -51,9 +51,9 @@ the last one learned (as a light prior, CARRY_TRIALS trials' worth).
 from __future__ import annotations
 
 from specpipe.budgets.fixed import K_MAX
+from specpipe.core.protocols import BudgetBase, Drafter
 from specpipe.errors import SpecpipeError
 from specpipe.events import BudgetDecision
-from specpipe.core.protocols import BudgetBase, Drafter
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
 MEASURED_FORGET = 0.8  # verify timings follow the machine's load faster than acceptance follows the text
@@ -68,8 +68,14 @@ class AutoBudget(BudgetBase):
     label_params = ("k_max",)  # what a report needs to tell two runs apart
 
     def __init__(
-        self, k_max: int = 16, probe_every: int = 8, probe_k: int = 2, forget: float = 0.9,
-        prior_alpha: float = 0.5, quick: bool = True, probe_max: int = 64,
+        self,
+        k_max: int = 16,
+        probe_every: int = 8,
+        probe_k: int = 2,
+        forget: float = 0.9,
+        prior_alpha: float = 0.5,
+        quick: bool = True,
+        probe_max: int = 64,
     ):
         if not 1 <= k_max <= K_MAX:
             raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
@@ -78,7 +84,9 @@ class AutoBudget(BudgetBase):
         if not 1 <= probe_k <= K_MAX:
             raise SpecpipeError(f"budget.probe_k={probe_k} is out of range: choose 1..{K_MAX}")
         if not 1 <= probe_every <= probe_max:
-            raise SpecpipeError(f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max")
+            raise SpecpipeError(
+                f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max"
+            )
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
         self.probe_max, self.quick = probe_max, quick
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
@@ -196,10 +204,18 @@ class AutoBudget(BudgetBase):
         """Record why this step drafts k (the step's Drafted event carries it) and return k."""
         from specpipe.costmodel.calibration import expected_speedup
 
-        a, g = (self.alpha_optimistic, self.continuation_optimistic) if reason == "probe" else (self.alpha, self.continuation)
+        a, g = (
+            (self.alpha_optimistic, self.continuation_optimistic)
+            if reason == "probe"
+            else (self.alpha, self.continuation)
+        )
         self.decision = BudgetDecision(
-            k=k, reason=reason, predicted=round(expected_speedup(a, k, self.c, self.ratio, g), 4),
-            alpha=round(a, 4), continuation=round(g, 4), c=round(self.c, 4),
+            k=k,
+            reason=reason,
+            predicted=round(expected_speedup(a, k, self.c, self.ratio, g), 4),
+            alpha=round(a, 4),
+            continuation=round(g, 4),
+            c=round(self.c, 4),
             t_verify=round(self.ratio[min(k + 1, max(self.ratio))], 4),
         )
         return k
@@ -249,7 +265,9 @@ class AutoBudget(BudgetBase):
             self._count(checked, matched)
             self._carry_out()
 
-    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
+    def observe(
+        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+    ) -> None:
         if verify_s:
             self._observe_verify(drafted + 1, verify_s)
         if drafted == 0:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specpipe.errors import SpecpipeError
 from specpipe.core.protocols import BudgetBase
+from specpipe.errors import SpecpipeError
 
 K_MAX = 32
 
@@ -20,5 +20,7 @@ class FixedBudget(BudgetBase):
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
+    def observe(
+        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+    ) -> None:
         """Fixed budgets ignore outcomes; adaptive ones learn from them."""

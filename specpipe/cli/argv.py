@@ -27,10 +27,17 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
         fail(tool, str(exc), EXIT_CONFIG)
     argv = flags_first(argv)
     sys.argv = sys.argv[:1] + argv
-    modes = [a for a in argv if a.partition("=")[0] in ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")]
+    modes = [
+        a
+        for a in argv
+        if a.partition("=")[0] in ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")
+    ]
     if len(modes) > 1:  # Hydra's own check raises a traceback
-        fail(tool, f"{' and '.join(modes)} cannot be combined: Hydra does one of them (drop -m to print one job's config)",
-             EXIT_CONFIG)
+        fail(
+            tool,
+            f"{' and '.join(modes)} cannot be combined: Hydra does one of them (drop -m to print one job's config)",
+            EXIT_CONFIG,
+        )
     if not is_hydra_meta(argv):
         config_dir = flag_value(argv, "-cp", "--config-path")
         name = flag_value(argv, "-cn", "--config-name") or config_name
@@ -65,11 +72,15 @@ def rerun_args(argv: list[str]) -> list[str]:
             folder = os.path.abspath(value)
             if name == "--rerun" and os.path.isdir(os.path.join(folder, ".hydra")):
                 folder = os.path.join(folder, ".hydra")
-            snapshot = os.path.isfile(os.path.join(folder, "config.yaml")) and os.path.isfile(os.path.join(folder, "overrides.yaml"))
+            snapshot = os.path.isfile(os.path.join(folder, "config.yaml")) and os.path.isfile(
+                os.path.join(folder, "overrides.yaml")
+            )
             if name == "--rerun" and not snapshot:
                 raise ValueError(f"{value} is not a run folder (no .hydra/config.yaml): give a folder under outputs/")
             if name in ("-cp", "--config-path") or snapshot:
-                out += ["-cp", folder] + ([] if snapshot is False or flag_value(argv, "-cn", "--config-name") else ["-cn", "config"])
+                out += ["-cp", folder] + (
+                    [] if snapshot is False or flag_value(argv, "-cn", "--config-name") else ["-cn", "config"]
+                )
             else:
                 out += [name, folder]
         else:
@@ -86,8 +97,9 @@ def flag_value(argv: list[str], *names: str) -> str | None:
     return None
 
 
-def validate_overrides(overrides: list[str], config_name: str = "config", tool: str = "specpipe",
-                       config_dir: str | None = None) -> str | None:
+def validate_overrides(
+    overrides: list[str], config_name: str = "config", tool: str = "specpipe", config_dir: str | None = None
+) -> str | None:
     """Compose the config to catch bad overrides; return a one-line message or None.
 
     With -m / --multirun every job of the sweep is composed (Hydra would
@@ -105,8 +117,11 @@ def validate_overrides(overrides: list[str], config_name: str = "config", tool: 
         return check_overrides_text(overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     plain = [o for o in overrides_only(overrides) if not o.startswith("hydra.") and not o.startswith("hydra/")]
-    init = (initialize_config_dir(config_dir=config_dir, version_base=None) if config_dir
-            else initialize_config_module(config_module="specpipe.conf", version_base=None))
+    init = (
+        initialize_config_dir(config_dir=config_dir, version_base=None)
+        if config_dir
+        else initialize_config_module(config_module="specpipe.conf", version_base=None)
+    )
     try:
         jobs = sweep_jobs(plain) if multirun else [plain]
         with init:
@@ -149,7 +164,9 @@ def describe_config_error(exc: Exception) -> str:
     missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
-        options = [o.strip() for o in text.split(f"Available options in '{group}':")[-1].split("Config search path")[0].split()]
+        options = [
+            o.strip() for o in text.split(f"Available options in '{group}':")[-1].split("Config search path")[0].split()
+        ]
         return f"unknown option {group}={option}: choose one of {', '.join(options)}"
     key = re.search(r"full_key: (\S+)", cause)
     if "not in" in cause and key:
@@ -170,8 +187,12 @@ def flags_first(argv: list[str]) -> list[str]:
         if arg.startswith("-"):
             flags.append(arg)
             nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if nxt is not None and not nxt.startswith("-") and "=" not in arg and (
-                    arg in FLAGS_WITH_VALUE or (arg in ("-i", "--info") and nxt in INFO_VALUES)):
+            if (
+                nxt is not None
+                and not nxt.startswith("-")
+                and "=" not in arg
+                and (arg in FLAGS_WITH_VALUE or (arg in ("-i", "--info") and nxt in INFO_VALUES))
+            ):
                 flags.append(nxt)
                 i += 1
         else:
@@ -200,7 +221,18 @@ def is_hydra_meta(argv: list[str]) -> bool:
 
     -m sweeps and -cp / -cn / --config-dir runs are validated.
     """
-    meta = ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i", "-sc", "--shell-completion",
-            "--resolve", "--version")
+    meta = (
+        "-h",
+        "--help",
+        "--hydra-help",
+        "-c",
+        "--cfg",
+        "--info",
+        "-i",
+        "-sc",
+        "--shell-completion",
+        "--resolve",
+        "--version",
+    )
     own = ("--multirun", "--config-path", "--config-name", "--config-dir")
     return any(a.partition("=")[0] in meta or (a.startswith("--") and a.partition("=")[0] not in own) for a in argv)

@@ -28,9 +28,9 @@ def _task(cfg) -> None:
 
 def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     """Measure, save and describe the device's speculation economics."""
-    from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
     from specpipe.cli.shell import hydra_output_dir
     from specpipe.config_groups import with_group
+    from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
     from specpipe.runner import device
     from specpipe.session import Session
 
@@ -44,11 +44,27 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     out.mkdir(parents=True, exist_ok=True)
     dev = device()
     table = {a: {k: expected_speedup(a, k, c, ratio) for k in KS} for a in ALPHAS}
-    (out / "calibration.json").write_text(json.dumps(
-        {"target": session.target.info.name, "precision": session.target.info.precision, "device": dev,
-         "t1_s": curve["t1_s"], "ratio": ratio, "draft": session.drafter.name, "draft_cost": c,
-         "predicted_speedup": {str(a): {str(k): v for k, v in row.items()} for a, row in table.items()}}, indent=2))
-    _plot(ratio, table, out / "calibration.png", f"{session.target.info.name} ({session.target.info.precision}, {dev.get('blas', '?')})")
+    (out / "calibration.json").write_text(
+        json.dumps(
+            {
+                "target": session.target.info.name,
+                "precision": session.target.info.precision,
+                "device": dev,
+                "t1_s": curve["t1_s"],
+                "ratio": ratio,
+                "draft": session.drafter.name,
+                "draft_cost": c,
+                "predicted_speedup": {str(a): {str(k): v for k, v in row.items()} for a, row in table.items()},
+            },
+            indent=2,
+        )
+    )
+    _plot(
+        ratio,
+        table,
+        out / "calibration.png",
+        f"{session.target.info.name} ({session.target.info.precision}, {dev.get('blas', '?')})",
+    )
 
     lines = [
         f"target {session.target.info.name} ({session.target.info.precision}) on {dev.get('mlx_device')} "

@@ -45,8 +45,11 @@ class TerminalPrinter:
         self.progress(event)
         if isinstance(event, RunStarted):
             draft = f" + draft {event.draft.name}" if event.draft else ""
-            print(f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
-                  f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}", file=sys.stderr)
+            print(
+                f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
+                f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}",
+                file=sys.stderr,
+            )
         elif isinstance(event, Emitted) and self.stream:
             self._write(event.text)
         elif isinstance(event, RunFinished):
@@ -84,8 +87,10 @@ class PrefillBar:
         elif isinstance(event, PrefillProgress) and event.total >= self.min_tokens and out.isatty():
             filled = self.WIDTH * event.tokens // max(event.total, 1)
             rate = event.tokens / max(event.t - self.t0, 1e-9)
-            out.write(f"\rprefill [{'#' * filled}{'.' * (self.WIDTH - filled)}] {event.tokens}/{event.total} tokens, "
-                      f"{rate:.0f} tok/s")
+            out.write(
+                f"\rprefill [{'#' * filled}{'.' * (self.WIDTH - filled)}] {event.tokens}/{event.total} tokens, "
+                f"{rate:.0f} tok/s"
+            )
             out.flush()
             self.shown = True
         elif isinstance(event, PrefillDone) and self.shown:
@@ -104,7 +109,6 @@ def summary_line(result) -> str:
         f"KV {s.kv_bytes_per_token / 1024:.1f} KiB/token | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
         f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS | {result.output_dir}"
     )
-
 
 
 def _draft_prefill(s) -> str:

@@ -21,11 +21,27 @@ import sys
 from typing import TextIO
 
 TEXT_KEYS = ("prompt.text", "prompt.system")  # free text: quoted when Hydra's grammar would reject it
-_OVERRIDE = re.compile(r"^(~[A-Za-z_][\w.@/-]*(=.*)?$|\+{0,2}[A-Za-z_][\w.@/-]*=)")  # key=v, ++key=v, ~key, hydra/launcher=x
+_OVERRIDE = re.compile(
+    r"^(~[A-Za-z_][\w.@/-]*(=.*)?$|\+{0,2}[A-Za-z_][\w.@/-]*=)"
+)  # key=v, ++key=v, ~key, hydra/launcher=x
 # Hydra's flags that take the next argument as their value (not a prompt); --info's value is optional.
 # cli.py reads the same tables to move flags before overrides.
-FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package",
-                    "-sc", "--shell-completion", "--experimental-rerun", "--rerun"}
+FLAGS_WITH_VALUE = {
+    "-cp",
+    "--config-path",
+    "-cn",
+    "--config-name",
+    "-cd",
+    "--config-dir",
+    "-c",
+    "--cfg",
+    "-p",
+    "--package",
+    "-sc",
+    "--shell-completion",
+    "--experimental-rerun",
+    "--rerun",
+}
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
@@ -52,8 +68,10 @@ def expand_prompt_args(argv: list[str], stdin: TextIO | None = None) -> list[str
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8 reach Python as lone surrogates
-            raise PromptArgError(f"argument {n} is not UTF-8 text: convert it (e.g. with iconv) or put the text in a file, "
-                                 "prompt.file=PATH") from None
+            raise PromptArgError(
+                f"argument {n} is not UTF-8 text: convert it (e.g. with iconv) or put the text in a file, "
+                "prompt.file=PATH"
+            ) from None
     out: list[str] = []
     texts: list[tuple[str, str]] = []  # (how it was given, text)
     i = 0
@@ -61,7 +79,9 @@ def expand_prompt_args(argv: list[str], stdin: TextIO | None = None) -> list[str
         arg = argv[i]
         if arg in ("--prompt", "--prompt-file"):
             if i + 1 >= len(argv):
-                raise PromptArgError(f"{arg} needs a value, e.g. {arg} " + ('"Hello"' if arg == "--prompt" else "task.txt"))
+                raise PromptArgError(
+                    f"{arg} needs a value, e.g. {arg} " + ('"Hello"' if arg == "--prompt" else "task.txt")
+                )
             value, i = argv[i + 1], i + 1
             texts.append((arg, value if arg == "--prompt" else _read(value, stdin)))
         elif arg.startswith("--prompt="):
@@ -70,8 +90,12 @@ def expand_prompt_args(argv: list[str], stdin: TextIO | None = None) -> list[str
             texts.append(("--prompt-file", _read(arg.partition("=")[2], stdin)))
         elif arg.startswith("prompt.file="):
             texts.append(("prompt.file", _read(arg.partition("=")[2], stdin)))
-        elif (arg in FLAGS_WITH_VALUE or arg in ("-i", "--info")) and i + 1 < len(argv) and not argv[i + 1].startswith("-") \
-                and (arg in FLAGS_WITH_VALUE or argv[i + 1] in INFO_VALUES):
+        elif (
+            (arg in FLAGS_WITH_VALUE or arg in ("-i", "--info"))
+            and i + 1 < len(argv)
+            and not argv[i + 1].startswith("-")
+            and (arg in FLAGS_WITH_VALUE or argv[i + 1] in INFO_VALUES)
+        ):
             out += [arg, argv[i + 1]]
             i += 1
         elif arg == "-":
@@ -117,11 +141,15 @@ def _is_multirun(argv: list[str]) -> bool:
 def _read(path: str, stdin: TextIO) -> str:
     if path == "-":
         if stdin.isatty():
-            raise PromptArgError("the prompt comes from stdin (-), but stdin is a terminal: pipe text in, e.g. `specpipe - < task.txt`")
+            raise PromptArgError(
+                "the prompt comes from stdin (-), but stdin is a terminal: pipe text in, e.g. `specpipe - < task.txt`"
+            )
         try:
             return stdin.read()
         except UnicodeDecodeError as exc:
-            raise PromptArgError(f"stdin is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it, e.g. with iconv") from None
+            raise PromptArgError(
+                f"stdin is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it, e.g. with iconv"
+            ) from None
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -130,6 +158,8 @@ def _read(path: str, stdin: TextIO) -> str:
     except IsADirectoryError:
         raise PromptArgError(f"prompt file {path} is a folder: give a text file") from None
     except UnicodeDecodeError as exc:
-        raise PromptArgError(f"prompt file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it, e.g. with iconv") from None
+        raise PromptArgError(
+            f"prompt file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it, e.g. with iconv"
+        ) from None
     except OSError as exc:
         raise PromptArgError(f"cannot read prompt file {path}: {exc.strerror}") from None

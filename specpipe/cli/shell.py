@@ -11,22 +11,32 @@ snapshot is removed on the way out, so a failed start leaves no clutter.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from specpipe.errors import EXIT_CONFIG, EXIT_RUN
 from specpipe.run_folder import hydra_output_dir
 
 EXIT_INTERRUPTED = 130
 
-__all__ = ["EXIT_CONFIG", "EXIT_INTERRUPTED", "EXIT_RUN", "Stopped", "fail", "hydra_main", "hydra_output_dir", "preload_blas"]
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_INTERRUPTED",
+    "EXIT_RUN",
+    "Stopped",
+    "fail",
+    "hydra_main",
+    "hydra_output_dir",
+    "preload_blas",
+]
 
 
 class Stopped(Exception):
     """A stop signal ended the task; the message says what was kept (`": every finished prompt is in ..."`)."""
 
 
-def hydra_main(tool: str, config_name: str, task: Callable, *, prompts: bool = False,
-               interrupted: str = "; nothing was written") -> None:
+def hydra_main(
+    tool: str, config_name: str, task: Callable, *, prompts: bool = False, interrupted: str = "; nothing was written"
+) -> None:
     """Run `task(cfg)` as the console script `tool` over `conf/<config_name>.yaml`.
 
     Args:
@@ -95,7 +105,9 @@ def drop_empty_run_folder() -> None:
     folder = Path(out)
     if not folder.is_dir():
         return
-    leftovers = [p for p in folder.iterdir() if p.name != ".hydra" and not (p.suffix == ".log" and p.stat().st_size == 0)]
+    leftovers = [
+        p for p in folder.iterdir() if p.name != ".hydra" and not (p.suffix == ".log" and p.stat().st_size == 0)
+    ]
     if not leftovers:
         shutil.rmtree(folder, ignore_errors=True)
         for parent in (folder.parent, folder.parent.parent):  # the date folder, then outputs/, if now empty

@@ -13,29 +13,49 @@ newest one (`last_id`), which the next verify feeds first.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Generator
 
 import mlx.core as mx
 import msgspec
 
-from specpipe.engine.engine import Capture
-from specpipe.engine.kv import kv_figures
-from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, PrefillProgress, RolledBack, RunFinished, RunStarted, Verified
-from specpipe.metrics import StatsCollector
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.stages.compare import first_false
 from specpipe.core.stages.draft import Draft
 from specpipe.core.stages.verify import verify
+from specpipe.engine.engine import Capture
+from specpipe.engine.kv import kv_figures
+from specpipe.events import (
+    BudgetDecision,
+    Drafted,
+    Emitted,
+    Event,
+    PrefillDone,
+    PrefillProgress,
+    RolledBack,
+    RunFinished,
+    RunStarted,
+    Verified,
+)
+from specpipe.metrics import StatsCollector
 
 
 class SpeculativePipeline:
     def __init__(
-        self, target, drafter: Drafter, budget: Budget, comparator: Comparator, rollback: Rollback, bonus: Bonus,
-        started: RunStarted | None = None, tree_step=None,
+        self,
+        target,
+        drafter: Drafter,
+        budget: Budget,
+        comparator: Comparator,
+        rollback: Rollback,
+        bonus: Bonus,
+        started: RunStarted | None = None,
+        tree_step=None,
     ):
         self.target, self.drafter, self.budget = target, drafter, budget
-        self.tree_step = tree_step  # tree != chain: draft + verify + compare + compaction of a token tree (trees/step.py)
+        self.tree_step = (
+            tree_step  # tree != chain: draft + verify + compare + compaction of a token tree (trees/step.py)
+        )
         self.comparator, self.rollback, self.bonus = comparator, rollback, bonus
         self.started = started
         self.cache: list | None = None  # the last run's target cache and context (multi-turn reuse, tests)
@@ -44,7 +64,11 @@ class SpeculativePipeline:
         drafter.use_rollback(rollback)  # the drafter rolls its own cache back with the same strategy
 
     def run(
-        self, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None, control: RunControl | None = None
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        stop_ids: set[int] | None = None,
+        control: RunControl | None = None,
     ) -> Generator[Event, None, None]:
         """Generate up to `max_tokens` tokens after `prompt_ids`.
 
@@ -78,7 +102,9 @@ class SpeculativePipeline:
                 rollback_time_s=self.rollback.time_s,
                 recompute_tokens=self.rollback.recompute_tokens,
             )
-            return RunFinished(t=clock(), stop_reason=reason, token_ids=collector.token_ids, text=collector.text, stats=stats)
+            return RunFinished(
+                t=clock(), stop_reason=reason, token_ids=collector.token_ids, text=collector.text, stats=stats
+            )
 
         if self.started is not None:
             yield emit(self.started)
@@ -98,11 +124,19 @@ class SpeculativePipeline:
             target_s, s = time.perf_counter() - s, time.perf_counter()
             self.drafter.prefill(context)
             if wants_hidden:
-                hidden = (mx.concatenate(hidden_rows) if len(hidden_rows) != 1 else hidden_rows[0]) if hidden_rows else None
+                hidden = (
+                    (mx.concatenate(hidden_rows) if len(hidden_rows) != 1 else hidden_rows[0]) if hidden_rows else None
+                )
                 self.drafter.observe_hidden(0, context[:-1], hidden)
-            yield emit(PrefillDone(
-                t=clock(), tokens=len(context), seconds=clock(), target_seconds=target_s, draft_seconds=time.perf_counter() - s,
-            ))
+            yield emit(
+                PrefillDone(
+                    t=clock(),
+                    tokens=len(context),
+                    seconds=clock(),
+                    target_seconds=target_s,
+                    draft_seconds=time.perf_counter() - s,
+                )
+            )
             last_id, step, reason = context[-1], 0, "max_tokens"
 
             while len(output) < max_tokens:
@@ -134,21 +168,33 @@ class SpeculativePipeline:
                     draft_s = time.perf_counter() - s
                     # every draft forward of this step, by purpose: what proposed a verified token, what did not
                     drafting = min(f1 - f0 - draft.catchup_forwards, k_eff)
-                    yield emit(Drafted(
-                        t=clock(), step=step, k=max(k, 0), draft_ids=draft.token_ids, seconds=draft_s,
-                        hindsight_ids=looked_back, hindsight_matched=matched,
-                        forwards=self.drafter.forwards - f0, draft_forwards=drafting,
-                        catchup_forwards=draft.catchup_forwards, catchup_tokens=draft.catchup_tokens,
-                        hindsight_forwards=self.drafter.forwards - f1,
-                        wasted_forwards=f1 - f0 - draft.catchup_forwards - drafting,
-                        probe=decision is not None and decision.reason == "probe" and k_eff > 0, decision=decision,
-                    ))
+                    yield emit(
+                        Drafted(
+                            t=clock(),
+                            step=step,
+                            k=max(k, 0),
+                            draft_ids=draft.token_ids,
+                            seconds=draft_s,
+                            hindsight_ids=looked_back,
+                            hindsight_matched=matched,
+                            forwards=self.drafter.forwards - f0,
+                            draft_forwards=drafting,
+                            catchup_forwards=draft.catchup_forwards,
+                            catchup_tokens=draft.catchup_tokens,
+                            hindsight_forwards=self.drafter.forwards - f1,
+                            wasted_forwards=f1 - f0 - draft.catchup_forwards - drafting,
+                            probe=decision is not None and decision.reason == "probe" and k_eff > 0,
+                            decision=decision,
+                        )
+                    )
 
                     # ---- verify + compare + bonus
                     s = time.perf_counter()
                     states = self.rollback.before_forward(cache)
                     # nothing asked for, no capture: the plain forward (draft=none, trim)
-                    capture = Capture(hidden=wants_hidden, states=states) if states is not None or wants_hidden else None
+                    capture = (
+                        Capture(hidden=wants_hidden, states=states) if states is not None or wants_hidden else None
+                    )
                     result = verify(self.target, cache, last_id, draft.token_ids, capture)
                     logits = result.logits
                     if wants_hidden:
@@ -160,13 +206,19 @@ class SpeculativePipeline:
                     next_id = verdict.recovered_id if bonus_id is None else bonus_id
                     assert next_id is not None, "a comparator that rejects must recover a token"
                     new_ids = draft.token_ids[:n] + [next_id]
-                    yield emit(Verified(
-                        t=clock(), step=step, accepted_ids=draft.token_ids[:n], rejected_ids=draft.token_ids[n:],
-                        recovered_id=verdict.recovered_id if bonus_id is None else None, bonus_id=bonus_id,
-                        seconds=verify_s,
-                        rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
-                        overlap=verdict.overlap,
-                    ))
+                    yield emit(
+                        Verified(
+                            t=clock(),
+                            step=step,
+                            accepted_ids=draft.token_ids[:n],
+                            rejected_ids=draft.token_ids[n:],
+                            recovered_id=verdict.recovered_id if bonus_id is None else None,
+                            bonus_id=bonus_id,
+                            seconds=verify_s,
+                            rejected_text=self.target.decode(draft.token_ids[n:]) if n < k_eff else "",
+                            overlap=verdict.overlap,
+                        )
+                    )
 
                     # ---- rollback: keep context + accepted drafts in both caches
                     s = time.perf_counter()
@@ -174,11 +226,16 @@ class SpeculativePipeline:
                     self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
                     draft_drop = self.drafter.rollback(len(context) + n)
                     self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
-                    yield emit(RolledBack(
-                        t=clock(), step=step, strategy=self.rollback.last_choice or self.rollback.name,
-                        target_dropped=target_drop,
-                        draft_dropped=draft_drop, seconds=time.perf_counter() - s,
-                    ))
+                    yield emit(
+                        RolledBack(
+                            t=clock(),
+                            step=step,
+                            strategy=self.rollback.last_choice or self.rollback.name,
+                            target_dropped=target_drop,
+                            draft_dropped=draft_drop,
+                            seconds=time.perf_counter() - s,
+                        )
+                    )
 
                 # ---- emit, cut at a stop token or at max_tokens
                 kept, from_draft = cut(new_ids, n, stop_ids, max_tokens - len(output))
@@ -186,9 +243,16 @@ class SpeculativePipeline:
                 for tid in kept:
                     detok.add_token(tid)
                     pieces.append(detok.last_segment)
-                yield emit(Emitted(
-                    t=clock(), step=step, token_ids=kept, text="".join(pieces), from_draft=from_draft, token_texts=pieces,
-                ))
+                yield emit(
+                    Emitted(
+                        t=clock(),
+                        step=step,
+                        token_ids=kept,
+                        text="".join(pieces),
+                        from_draft=from_draft,
+                        token_texts=pieces,
+                    )
+                )
                 output.extend(kept)
                 context.extend(new_ids)
                 last_id = new_ids[-1]

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     import mlx.core as mx
 
+    from specpipe.core.stages.compare import Verdict
+    from specpipe.core.stages.draft import Draft
     from specpipe.engine.engine import Engine
     from specpipe.engine.recurrent import StateCapture
     from specpipe.events import BudgetDecision
-    from specpipe.core.stages.compare import Verdict
-    from specpipe.core.stages.draft import Draft
 
 
 # ---------------------------------------------------------------- draft
@@ -34,8 +34,10 @@ class Drafter(Protocol):
     def engine(self) -> Engine | None: ...  # the Engine it runs, or None (n-gram, none, an MTP head)
     @property
     def cache(self) -> list[Any] | None: ...  # its own cache, rolled back by `rollback`
+
     cached_len: int  # context tokens held in `cache`
     forwards: int  # model forwards over the drafter's lifetime; the pipeline books each step's difference
+
     # a drafted token's cost relative to a target forward when the drafter knows it (a part of the
     # target: MTP head, layer subset); None: budget=auto times `engine` against the target
     @property
@@ -103,11 +105,15 @@ class Budget(Protocol):
     @property
     def label_params(self) -> tuple[str, ...]: ...  # attributes a report shows to tell two runs apart: fixed(k=8)
     @property
-    def decision(self) -> BudgetDecision | None: ...  # why the last next_k chose its K (auto), carried by the Drafted event
+    def decision(
+        self,
+    ) -> BudgetDecision | None: ...  # why the last next_k chose its K (auto), carried by the Drafted event
     @property
     def hindsight_k(self) -> int: ...  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
     @property
-    def p_min(self) -> float: ...  # > 0: the drafter stops below this top probability (confidence), given to its constructor
+    def p_min(
+        self,
+    ) -> float: ...  # > 0: the drafter stops below this top probability (confidence), given to its constructor
 
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         """Once, after the models load: measure what the budget needs from them (auto calibrates)."""
@@ -115,7 +121,9 @@ class Budget(Protocol):
     def next_k(self) -> int:
         """K for this step (0: plain decoding)."""
 
-    def observe(self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None) -> None:
+    def observe(
+        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+    ) -> None:
         """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds."""
 
     def observe_hindsight(self, checked: int, matched: int) -> None:
@@ -165,7 +173,9 @@ class Rollback(Protocol):
     @property
     def recompute_tokens(self) -> int: ...  # tokens fed a second time
     @property
-    def last_choice(self) -> str: ...  # what the last rollback used when the strategy chooses per step (auto); "" otherwise
+    def last_choice(
+        self,
+    ) -> str: ...  # what the last rollback used when the strategy chooses per step (auto); "" otherwise
 
     def check(self, cache: list[Any], role: str) -> None:
         """Raise SpecpipeError if this strategy cannot roll `cache` back."""
@@ -175,7 +185,9 @@ class Rollback(Protocol):
         to the forward(s) on `cache` until `rollback` (`Engine.forward(..., capture=Capture(states=...))`),
         or None when this strategy needs nothing recorded."""
 
-    def rollback(self, cache: list[Any], n_drop: int, *, engine: Engine | None = None, fed_ids: list[int] | None = None) -> None:
+    def rollback(
+        self, cache: list[Any], n_drop: int, *, engine: Engine | None = None, fed_ids: list[int] | None = None
+    ) -> None:
         """Drop the newest `n_drop` positions of `cache` (in place); `fed_ids`: ids fed since before_forward."""
 
 
@@ -211,4 +223,3 @@ class KvPolicy(Protocol):
 
     def make_cache(self, model: Any) -> list[Any]:
         """A fresh per-layer cache for `model` under this policy."""
-

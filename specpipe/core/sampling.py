@@ -16,7 +16,6 @@ import mlx.core as mx
 
 from specpipe.errors import SpecpipeError
 
-
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
 
 

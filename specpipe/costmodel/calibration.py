@@ -38,7 +38,9 @@ def calibration_key(engine) -> str:
     name = hashlib.sha256(engine.info.name.encode()).hexdigest()[:8]
     # v2: minimum of 3 samples per point (v1 took the median of 2, and cached what a busy machine measured)
     parts = ["v2", engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
-    return "-".join(p.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_").replace("/", "_") for p in parts)
+    return "-".join(
+        p.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_").replace("/", "_") for p in parts
+    )
 
 
 def time_forwards(engine, points: list[int], repeats: int = 3) -> dict[int, float]:
@@ -85,14 +87,22 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
             data["ratio"] = {int(k): v for k, v in data["ratio"].items()}
             return data
     measured = time_forwards(engine, QUICK_POINTS if quick else FULL_POINTS, repeats=3)
-    data = {"model": engine.info.name, "precision": engine.info.precision, "full": not quick,
-            "t1_s": measured[1], "measured": measured, "ratio": interpolate(measured)}
+    data = {
+        "model": engine.info.name,
+        "precision": engine.info.precision,
+        "full": not quick,
+        "t1_s": measured[1],
+        "measured": measured,
+        "ratio": interpolate(measured),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))
     return data
 
 
-def expected_speedup(alpha: float, k: int, c: float, ratio: dict[int, float], continuation: float | None = None) -> float:
+def expected_speedup(
+    alpha: float, k: int, c: float, ratio: dict[int, float], continuation: float | None = None
+) -> float:
     """Tokens per unit time relative to plain decoding (Leviathan et al.'s model).
 
     The first drafted token is accepted with probability alpha and each later

@@ -11,7 +11,7 @@ before the next. It never touches a cache itself; `next_logits` does.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -53,4 +53,6 @@ def to_draft(tokens: list, q_rows: list, **accounting) -> Draft:
     """One Draft from `chain`'s output (one evaluation of the whole chain)."""
     if not tokens:
         return Draft(token_ids=[], **accounting)
-    return Draft(token_ids=mx.concatenate(tokens).tolist(), probs=mx.concatenate(q_rows) if q_rows else None, **accounting)
+    return Draft(
+        token_ids=mx.concatenate(tokens).tolist(), probs=mx.concatenate(q_rows) if q_rows else None, **accounting
+    )

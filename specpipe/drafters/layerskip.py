@@ -11,8 +11,6 @@ qwen2, qwen3, mistral, ...); anything else is refused with a SpecpipeError.
 
 from __future__ import annotations
 
-from typing import Any
-
 import mlx.core as mx
 import mlx.nn as nn
 import msgspec
@@ -22,7 +20,7 @@ from specpipe.costmodel.calibration import weight_bytes
 from specpipe.drafters.model import ModelDrafter
 from specpipe.engine.engine import Engine
 from specpipe.engine.introspect import LLAMA_LIKE as WORKS_ON
-from specpipe.engine.introspect import lm_head_weights, llama_parts
+from specpipe.engine.introspect import llama_parts, lm_head_weights
 from specpipe.errors import SpecpipeError
 
 
@@ -63,7 +61,9 @@ def pick_layers(n_total: int, depth: int | None, layers: list[int] | None) -> li
     if layers:
         bad = [i for i in layers if not 0 <= i < n_total]
         if bad:
-            raise SpecpipeError(f"draft.layers={list(layers)}: {bad} out of range for a {n_total}-layer target (0..{n_total - 1})")
+            raise SpecpipeError(
+                f"draft.layers={list(layers)}: {bad} out of range for a {n_total}-layer target (0..{n_total - 1})"
+            )
         return list(layers)
     if depth is None or not 1 <= depth < n_total:
         raise SpecpipeError(f"draft.depth={depth}: need 1 <= depth < {n_total} (the target's layer count)")
@@ -75,7 +75,9 @@ class LayerSkipDrafter(ModelDrafter):
 
     name = "layerskip"
 
-    def __init__(self, target, depth: int | None = 8, layers: list[int] | None = None, sampler=None, p_min: float = 0.0):
+    def __init__(
+        self, target, depth: int | None = 8, layers: list[int] | None = None, sampler=None, p_min: float = 0.0
+    ):
         """
         Args:
             target: the target Engine (weights shared, never copied).
@@ -87,9 +89,15 @@ class LayerSkipDrafter(ModelDrafter):
         inner, _ = llama_parts(target.model, "layerskip")
         self.layer_ids = pick_layers(len(inner.layers), depth, layers)
         model = LayerSkipModel(target.model, self.layer_ids)
-        label = f"{self.layer_ids[0]}-{self.layer_ids[-1]}" if self.layer_ids == list(range(self.layer_ids[0], self.layer_ids[-1] + 1)) else ",".join(map(str, self.layer_ids))
+        label = (
+            f"{self.layer_ids[0]}-{self.layer_ids[-1]}"
+            if self.layer_ids == list(range(self.layer_ids[0], self.layer_ids[-1] + 1))
+            else ",".join(map(str, self.layer_ids))
+        )
         info = msgspec.structs.replace(target.info, name=f"{target.info.name}[layers {label}]", source="layerskip")
         # Everything else (cache, propose, sampling) is ModelDrafter's, on this view.
         engine = Engine(model, target.tokenizer, info)
-        self.cost_per_token = weight_bytes(*model.layers, inner.norm, lm_head_weights(target.model, inner)) / weight_bytes(target.model)
+        self.cost_per_token = weight_bytes(
+            *model.layers, inner.norm, lm_head_weights(target.model, inner)
+        ) / weight_bytes(target.model)
         super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler, p_min=p_min)

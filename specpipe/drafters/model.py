@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from specpipe.core.protocols import DrafterBase, Rollback
+from specpipe.core.stages.draft import Draft
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
-from specpipe.core.protocols import DrafterBase, Rollback
-from specpipe.core.stages.draft import Draft
 
 
 class ModelDrafter(DrafterBase):
@@ -27,7 +27,13 @@ class ModelDrafter(DrafterBase):
     needs_hidden = False  # drafts from its own forwards, not the target's hidden states
 
     def __init__(
-        self, target, load, model: str = "self", path: str | None = None, quant: str | None = None, sampler=None,
+        self,
+        target,
+        load,
+        model: str = "self",
+        path: str | None = None,
+        quant: str | None = None,
+        sampler=None,
         p_min: float = 0.0,
     ):
         """
@@ -103,7 +109,9 @@ class ModelDrafter(DrafterBase):
             return self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
 
         tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min)
-        draft = to_draft(tokens, q_rows, catchup_tokens=len(context_ids) - start - 1)  # accepted tokens fed beside the newest one
+        draft = to_draft(
+            tokens, q_rows, catchup_tokens=len(context_ids) - start - 1
+        )  # accepted tokens fed beside the newest one
         self.note_fed(context_ids, start, draft.token_ids, fed)
         return draft
 

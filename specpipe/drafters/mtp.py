@@ -23,14 +23,14 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from specpipe.core.protocols import DrafterBase
+from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.calibration import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.drafters.hidden_tape import HiddenTape
 from specpipe.drafters.mtp_head import load_head
-from specpipe.core.protocols import DrafterBase
 from specpipe.engine.engine import HIDDEN
 from specpipe.engine.introspect import lm_head_weights
-from specpipe.core.stages.draft import Draft
 
 
 class MtpDrafter(DrafterBase):
@@ -49,12 +49,16 @@ class MtpDrafter(DrafterBase):
             p_min: budget=confidence's floor: stop chaining below this top probability (0: never).
         """
         self.target, self.sampler = target, sampler
-        self.inner, self.lm_head = target.hidden_parts()  # refuses a model whose hidden states it cannot capture exactly
+        self.inner, self.lm_head = (
+            target.hidden_parts()
+        )  # refuses a model whose hidden states it cannot capture exactly
         self.head, self.source = load_head(target, self.inner, head)
         self.tape = HiddenTape()
         # budget=auto's prior for c: a chained step reads the head and the whole LM head (a 49k-row
         # vocabulary is ~1/5 of SmolLM2's bytes), nothing else of the target
-        self.cost_per_token = weight_bytes(self.head, lm_head_weights(target.model, self.inner)) / weight_bytes(target.model)
+        self.cost_per_token = weight_bytes(self.head, lm_head_weights(target.model, self.inner)) / weight_bytes(
+            target.model
+        )
         self.cached_len = 0
         self.forwards = 0  # head forwards
         self.target_recomputes = 0  # times the tape did not cover the context (should stay 0)
@@ -124,7 +128,9 @@ class MtpDrafter(DrafterBase):
         if context_ids[: len(seen)] == seen:  # the usual step: the context only grew (one C-level compare)
             same = len(seen)
         else:  # a rewind or a new generation: find where they part
-            same = next((i for i, (a, b) in enumerate(zip(seen, context_ids)) if a != b), min(len(seen), len(context_ids)))
+            same = next(
+                (i for i, (a, b) in enumerate(zip(seen, context_ids)) if a != b), min(len(seen), len(context_ids))
+            )
         # at least one pair is fed each step: its output is the first draft
         self._pairs = min(self._pairs, max(same - 1, 0), len(context_ids) - 2)
         drop = self._head_cache.offset - self._pairs
@@ -139,6 +145,8 @@ class MtpDrafter(DrafterBase):
         """
         if not self.tape.covers(context_ids, end):
             self.target_recomputes += 1
-            hidden = self.target.forward(context_ids[:end], None, capture=HIDDEN).hidden  # its logits are never evaluated
+            hidden = self.target.forward(
+                context_ids[:end], None, capture=HIDDEN
+            ).hidden  # its logits are never evaluated
             self.tape.write(0, context_ids[:end], hidden)
         return self.tape.rows(begin, end)

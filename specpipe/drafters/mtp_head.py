@@ -85,10 +85,16 @@ def load_head(target, inner: nn.Module, path: str | None) -> tuple[MtpHead, str]
     Returns:
         (head, a short description of where it came from)
     """
-    candidates = [Path(path).expanduser()] if path else [p for p in (_model_dir(target.info), default_head_dir(target.info)) if p]
+    candidates = (
+        [Path(path).expanduser()]
+        if path
+        else [p for p in (_model_dir(target.info), default_head_dir(target.info)) if p]
+    )
     for where in candidates:
         if path and not where.exists():
-            raise SpecpipeError(f"draft.head={path!r} does not exist: give a folder made by specpipe-train-drafter or a checkpoint folder with mtp.* tensors")
+            raise SpecpipeError(
+                f"draft.head={path!r} does not exist: give a folder made by specpipe-train-drafter or a checkpoint folder with mtp.* tensors"
+            )
         weights, source = _find_weights(where)
         if weights is not None:
             head, _ = new_head(inner)
@@ -96,12 +102,16 @@ def load_head(target, inner: nn.Module, path: str | None) -> tuple[MtpHead, str]
             try:
                 head.load_weights(list(weights.items()), strict=True)
             except ValueError as exc:
-                raise SpecpipeError(f"MTP head in {where} does not fit {target.info.name}: {str(exc).splitlines()[0]}") from exc
+                raise SpecpipeError(
+                    f"MTP head in {where} does not fit {target.info.name}: {str(exc).splitlines()[0]}"
+                ) from exc
             head.eval()
             mx.eval(head.parameters())
             return head, f"{source} ({where})"
     looked = " or ".join(str(c) for c in candidates) or "nowhere (no model path)"
-    raise SpecpipeError(f"{target.info.name} ships no MTP head (no mtp.* or nextn tensors, no {HEAD_FILE} in {looked}): {NO_HEAD_HINT}")
+    raise SpecpipeError(
+        f"{target.info.name} ships no MTP head (no mtp.* or nextn tensors, no {HEAD_FILE} in {looked}): {NO_HEAD_HINT}"
+    )
 
 
 def default_head_dir(info) -> Path:
@@ -146,7 +156,12 @@ def _find_weights(where: Path) -> tuple[dict | None, str]:
 
 def _nextn_name(rest: str, value: mx.array) -> dict:
     """DeepSeek-V3 / GLM nextn layer names -> MtpHead names (embedding and head are the target's)."""
-    renames = {"enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.", "eh_proj.": "fc.", "shared_head.norm.": "norm."}
+    renames = {
+        "enorm.": "pre_fc_norm_embedding.",
+        "hnorm.": "pre_fc_norm_hidden.",
+        "eh_proj.": "fc.",
+        "shared_head.norm.": "norm.",
+    }
     for old, new in renames.items():
         if rest.startswith(old):
             return {new + rest[len(old) :]: value}
@@ -161,7 +176,9 @@ def _stack_experts(weights: dict) -> dict:
     ids = sorted({int(k[len(prefix) :].split(".")[0]) for k in weights if k.startswith(prefix)})
     for n in ("up_proj", "down_proj", "gate_proj"):
         if ids and f"{prefix}0.{n}.weight" in weights:
-            weights[f"layers.0.mlp.switch_mlp.{n}.weight"] = mx.stack([weights.pop(f"{prefix}{e}.{n}.weight") for e in ids])
+            weights[f"layers.0.mlp.switch_mlp.{n}.weight"] = mx.stack(
+                [weights.pop(f"{prefix}{e}.{n}.weight") for e in ids]
+            )
     return weights
 
 
@@ -172,7 +189,9 @@ def _check_trained_for(info, where: Path, source: str) -> None:
     meta = json.loads(meta_path.read_text())
     trained = meta.get("target", {})
     if trained.get("sha256") and info.sha256 and trained["sha256"] != info.sha256:
-        raise SpecpipeError(f"the MTP head in {where} was trained for {trained.get('name')}, not {info.name}: {NO_HEAD_HINT}")
+        raise SpecpipeError(
+            f"the MTP head in {where} was trained for {trained.get('name')}, not {info.name}: {NO_HEAD_HINT}"
+        )
 
 
 def save_head(head: MtpHead, folder: Path, meta: dict) -> None:

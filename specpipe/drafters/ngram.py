@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from specpipe.drafters.ngram_index import NgramIndex
-from specpipe.errors import SpecpipeError
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
+from specpipe.drafters.ngram_index import NgramIndex
+from specpipe.errors import SpecpipeError
 
 
 class NgramDrafter(DrafterBase):

@@ -11,16 +11,17 @@ loaders (engine/loader.py) build it, stages only call it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from specpipe.engine import introspect
-from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
 from specpipe.engine.info import ModelInfo
+from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
 
 PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
 
@@ -70,7 +71,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.info = info
         self._parts: tuple[Any, Any] | None = None  # (inner model, LM head), found on the first hidden-state capture
-        self._mixers: list[tuple[Any, Any, StepwiseMixer]] | None = None  # [(parent, key, StepwiseMixer)], found on the first state capture
+        self._mixers: list[tuple[Any, Any, StepwiseMixer]] | None = (
+            None  # [(parent, key, StepwiseMixer)], found on the first state capture
+        )
         self.prefill_chunk = PREFILL_CHUNK
         self.kv = None  # a KV cache policy (engine/kv.py, kv=...); None: the model's own caches
 

@@ -9,9 +9,8 @@ here runs a model or changes one.
 
 from __future__ import annotations
 
-from typing import Any
-
 import importlib
+from typing import Any
 
 import mlx.nn as nn
 

@@ -68,12 +68,18 @@ class QuantizedKV:
         if head_dim and head_dim % self.group_size:
             raise SpecpipeError(
                 f"kv.group_size={self.group_size} does not divide {engine.info.name}'s head size {head_dim}: "
-                + (f"use a kv.group_size of 32, 64 or 128 that divides {head_dim}" if head_dim % 32 == 0 else "use kv=full")
+                + (
+                    f"use a kv.group_size of 32, 64 or 128 that divides {head_dim}"
+                    if head_dim % 32 == 0
+                    else "use kv=full"
+                )
             )
 
     def make_cache(self, model) -> list:
-        return [_replace(c, lambda: QuantizedKVCache(group_size=self.group_size, bits=self.bits))
-                for c in make_prompt_cache(model)]
+        return [
+            _replace(c, lambda: QuantizedKVCache(group_size=self.group_size, bits=self.bits))
+            for c in make_prompt_cache(model)
+        ]
 
 
 class WindowKV:

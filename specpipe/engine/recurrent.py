@@ -27,10 +27,9 @@ positions -> `state_at(2)` = s(d1); keep 0 -> `before`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import contextlib
 import inspect
+from typing import Any
 
 import mlx.core as mx
 
@@ -128,9 +127,10 @@ class StepwiseMixer:
         for i in range(t):
             # Slice every per-position argument ([B, T, ...]: hidden states,
             # RWKV7's v_first, [B, T] SSM masks); pass the rest unchanged.
-            step = inspect.BoundArguments(self.signature, {
-                name: v[:, i : i + 1] if _per_position(v, b, t) else v for name, v in bound.arguments.items()
-            })
+            step = inspect.BoundArguments(
+                self.signature,
+                {name: v[:, i : i + 1] if _per_position(v, b, t) else v for name, v in bound.arguments.items()},
+            )
             prior = list(cache.cache)
             outs.append(self.mixer(*step.args, **step.kwargs))
             record.record(cache, prior)

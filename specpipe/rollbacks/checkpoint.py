@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import time
 
+from specpipe.core.protocols import RollbackBase
 from specpipe.engine import introspect
 from specpipe.engine.recurrent import StateCapture, StateRecord
 from specpipe.errors import SpecpipeError
-from specpipe.core.protocols import RollbackBase
 from specpipe.rollbacks import layers as cache_layers
 
 

@@ -75,7 +75,9 @@ def trim(leaves: list, n: int) -> None:
     for leaf in leaves:
         if not leaf.is_trimmable():
             # A RotatingKVCache past its window cannot give positions back.
-            raise SpecpipeError(f"cannot roll back a {type(leaf).__name__} layer that is past its window; use draft=none")
+            raise SpecpipeError(
+                f"cannot roll back a {type(leaf).__name__} layer that is past its window; use draft=none"
+            )
         trimmed = leaf.trim(n)
         assert trimmed == n, f"trimmed {trimmed} of {n} positions of a {type(leaf).__name__}"
 

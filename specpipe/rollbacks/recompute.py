@@ -19,7 +19,6 @@ accepted): nothing to do, the forward's states are already right.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import mlx.core as mx
 

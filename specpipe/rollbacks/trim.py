@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from specpipe.errors import SpecpipeError
 from specpipe.core.protocols import RollbackBase
+from specpipe.errors import SpecpipeError
 
 
 class TrimRollback(RollbackBase):

@@ -9,12 +9,11 @@ and runs one `BatchDecoder.step`. A full queue raises QueueFull (HTTP 429). Neve
 
 from __future__ import annotations
 
-from typing import Any
-
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from specpipe.serve.worker import Finished, Job, QueueFull, first_stop
 
@@ -62,8 +61,9 @@ class BatchWorker:
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
-            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting for one of "
-                            f"{self.max_batch} batch slots") from None
+            raise QueueFull(
+                f"{self._jobs.maxsize} requests are already waiting for one of {self.max_batch} batch slots"
+            ) from None
         self._gauge("specpipe_queue_length", self._jobs.qsize())
 
     def waiting(self) -> int:
@@ -155,15 +155,31 @@ class BatchWorker:
         row, now = a.row, time.perf_counter()
         tokens = len(row.output)
         decode_s = (now - a.first_token) if a.first_token else 0.0
-        stats = {"drafted": row.drafted, "accepted": row.accepted,
-                 "acceptance_rate": row.accepted / row.drafted if row.drafted else 0.0,
-                 "tokens_per_forward": tokens / row.steps if row.steps else 0.0, "target_forwards": row.steps,
-                 "decode_tok_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
-                 "ttft_s": (a.first_token - a.started) if a.first_token else 0.0, "batched": True}
+        stats = {
+            "drafted": row.drafted,
+            "accepted": row.accepted,
+            "acceptance_rate": row.accepted / row.drafted if row.drafted else 0.0,
+            "tokens_per_forward": tokens / row.steps if row.steps else 0.0,
+            "target_forwards": row.steps,
+            "decode_tok_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
+            "ttft_s": (a.first_token - a.started) if a.first_token else 0.0,
+            "batched": True,
+        }
         if len(a.text) > a.sent and reason != "cancelled":
             a.job.out.put(("delta", Delta(a.text[a.sent :], a.pending_tokens, a.pending_draft)))
-        a.job.out.put(("done", Finished(text=a.text, finish_reason=reason, prompt_tokens=len(row.prompt_ids),
-                                        completion_tokens=tokens, stats=stats, queue_s=a.started - a.job.submitted)))
+        a.job.out.put(
+            (
+                "done",
+                Finished(
+                    text=a.text,
+                    finish_reason=reason,
+                    prompt_tokens=len(row.prompt_ids),
+                    completion_tokens=tokens,
+                    stats=stats,
+                    queue_s=a.started - a.job.submitted,
+                ),
+            )
+        )
         self._count("specpipe_requests_total", status="cancelled" if reason == "cancelled" else "ok")
         self._observe("specpipe_request_seconds", now - a.job.submitted)
         self._count("specpipe_drafted_tokens_total", row.drafted)

@@ -47,15 +47,21 @@ def _task(cfg) -> None:
             log_file.flush()
 
     if cfg.max_batch < 1 or cfg.max_queue < 1:
-        fail(TOOL, f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}: need max_batch >= 1 and max_queue >= 1",
-             EXIT_CONFIG)
+        fail(
+            TOOL,
+            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}: need max_batch >= 1 and max_queue >= 1",
+            EXIT_CONFIG,
+        )
     metrics = Metrics()
     worker, how = _worker(cfg, session, metrics)
     try:
         server = make_server(ServeState(session, worker, session.target.info.name, log, metrics), cfg.host, cfg.port)
     except OSError as exc:
-        fail(TOOL, f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
-             EXIT_CONFIG)
+        fail(
+            TOOL,
+            f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
+            EXIT_CONFIG,
+        )
     host, port = str(server.server_address[0]), server.server_address[1]
     stopped = {}
 
@@ -66,9 +72,12 @@ def _task(cfg) -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     info = session.target.info
-    print(f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, budget={session.budget_label()}, {how}; "
-          f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); requests -> {out / 'requests.jsonl'}",
-          file=sys.stderr, flush=True)
+    print(
+        f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, budget={session.budget_label()}, {how}; "
+        f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); requests -> {out / 'requests.jsonl'}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -78,7 +87,11 @@ def _task(cfg) -> None:
     sig = stopped.get("signal")
     if sig is not None:
         name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
-        print(f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}", file=sys.stderr, flush=True)
+        print(
+            f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
         # Everything is written and closed. Skip interpreter teardown: with connection threads still
         # alive, MLX / OpenMP destructors at exit have aborted the process (exit -6 instead of 143).

@@ -11,7 +11,9 @@ from specpipe.config import PipelineGroups, PromptConfig
 
 @dataclass
 class ServeConfig(PipelineGroups):
-    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(text="", chat=True, system=None))  # chat template use; text unused
+    prompt: PromptConfig = field(
+        default_factory=lambda: PromptConfig(text="", chat=True, system=None)
+    )  # chat template use; text unused
     host: str = "127.0.0.1"  # loopback only unless asked: the API has no authentication
     port: int = 8000  # 0: any free port (printed on start)
     max_tokens: int = 256  # a request's default; a request may ask for up to max_tokens_limit

@@ -15,9 +15,16 @@ import queue
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from specpipe.serve.openai_api import (BadRequest, chunk_body, completion_body, error_body, new_id, parse_chat,
-                                       parse_completion)
 from specpipe.core.sampling import check_sampling
+from specpipe.serve.openai_api import (
+    BadRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_id,
+    parse_chat,
+    parse_completion,
+)
 from specpipe.serve.prometheus import Metrics
 from specpipe.serve.worker import Job, QueueFull
 
@@ -58,8 +65,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         if self.path.rstrip("/") == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.state.model_name, "object": "model",
-                                                         "created": 0, "owned_by": "specpipe"}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.state.model_name, "object": "model", "created": 0, "owned_by": "specpipe"}],
+                },
+            )
         elif self.path.rstrip("/") == "/health":
             self._json(200, {"status": "ok", "waiting": self.state.worker.waiting()})
         elif self.path.rstrip("/") == "/metrics":
@@ -72,8 +84,9 @@ class _Handler(BaseHTTPRequestHandler):
         route = self.path.rstrip("/")
         parsers = {"/v1/chat/completions": parse_chat, "/v1/completions": parse_completion}
         if route not in parsers:
-            self._json(404, error_body(f"no route POST {self.path}: use /v1/chat/completions or /v1/completions",
-                                       "not_found"))
+            self._json(
+                404, error_body(f"no route POST {self.path}: use /v1/chat/completions or /v1/completions", "not_found")
+            )
             return
         try:
             request = parsers[route](self._body())
@@ -111,11 +124,15 @@ class _Handler(BaseHTTPRequestHandler):
             message = check_sampling(temperature, 0, top_p, 0.0, 0 if request.seed is None else request.seed)
             if message:
                 raise BadRequest(message.replace("sampling.", ""))
-            sampling = {k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None}
+            sampling = {
+                k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None
+            }
         elif request.temperature is not None and abs(request.temperature - st.temperature) > 1e-9:
             how = "sampling=greedy" if st.temperature == 0 else f"sampling.temperature={st.temperature}"
-            raise BadRequest(f"temperature={request.temperature}: this server decodes with {how}; send that "
-                             "temperature (or none), or start a server with the sampling you want")
+            raise BadRequest(
+                f"temperature={request.temperature}: this server decodes with {how}; send that "
+                "temperature (or none), or start a server with the sampling you want"
+            )
         max_tokens = request.max_tokens if request.max_tokens is not None else st.default_max_tokens
         if not 1 <= max_tokens <= st.max_tokens_limit:
             raise BadRequest(f"max_tokens={max_tokens}: choose 1..{st.max_tokens_limit}")
@@ -160,8 +177,10 @@ class _Handler(BaseHTTPRequestHandler):
         model = self.state.model_name
         try:
             if kind == "chat":
-                self._event(chunk_body(kind, rid, model, None) | {"choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+                self._event(
+                    chunk_body(kind, rid, model, None)
+                    | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                )
             for tag, value in self._results(job):
                 if tag == "delta":
                     body = chunk_body(kind, rid, model, getattr(value, "text", value))
@@ -177,8 +196,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             job.cancelled.set()  # the client left: stop decoding for it at the next step
-            self.state.log({"id": rid, "stream": True, "finish_reason": "client_disconnected",
-                            "prompt_tokens": len(job.prompt_ids)})
+            self.state.log(
+                {
+                    "id": rid,
+                    "stream": True,
+                    "finish_reason": "client_disconnected",
+                    "prompt_tokens": len(job.prompt_ids),
+                }
+            )
 
     def _event(self, body: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
@@ -196,5 +221,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _log_fields(finished) -> dict:
-    return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
-            "finish_reason": finished.finish_reason, "queue_s": finished.queue_s, **finished.stats}
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "finish_reason": finished.finish_reason,
+        "queue_s": finished.queue_s,
+        **finished.stats,
+    }

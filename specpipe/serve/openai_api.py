@@ -68,16 +68,31 @@ def parse_chat(body: bytes) -> Request:
     if roles:
         raise BadRequest(f"messages: unknown role {sorted(roles)[0]!r}: use system, user or assistant")
     _check_common(b.n)
-    return Request(kind="chat", messages=[{"role": m.role, "content": m.content} for m in b.messages],
-                   max_tokens=b.max_completion_tokens or b.max_tokens, stream=b.stream, stop=_stops(b.stop),
-                   temperature=b.temperature, top_p=b.top_p, seed=b.seed)
+    return Request(
+        kind="chat",
+        messages=[{"role": m.role, "content": m.content} for m in b.messages],
+        max_tokens=b.max_completion_tokens or b.max_tokens,
+        stream=b.stream,
+        stop=_stops(b.stop),
+        temperature=b.temperature,
+        top_p=b.top_p,
+        seed=b.seed,
+    )
 
 
 def parse_completion(body: bytes) -> Request:
     b = _decode(body, CompletionBody)
     _check_common(b.n)
-    return Request(kind="text", prompt=b.prompt, max_tokens=b.max_tokens, stream=b.stream, stop=_stops(b.stop),
-                   temperature=b.temperature, top_p=b.top_p, seed=b.seed)
+    return Request(
+        kind="text",
+        prompt=b.prompt,
+        max_tokens=b.max_tokens,
+        stream=b.stream,
+        stop=_stops(b.stop),
+        temperature=b.temperature,
+        top_p=b.top_p,
+        seed=b.seed,
+    )
 
 
 def _decode(body: bytes, kind):
@@ -114,8 +129,15 @@ def completion_body(kind: str, rid: str, model: str, finished) -> dict:
         choice["message"] = {"role": "assistant", "content": finished.text}
     else:
         choice["text"] = finished.text
-    return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(finished), "specpipe": specpipe_figures(finished)}
+    return {
+        "id": rid,
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(finished),
+        "specpipe": specpipe_figures(finished),
+    }
 
 
 def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None) -> dict:
@@ -124,8 +146,13 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None)
         choice = {"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": None}
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": None}
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice]}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+    }
     if finished is not None:
         choice["finish_reason"] = _reason(finished.finish_reason)
         body["usage"] = usage(finished)
@@ -134,8 +161,11 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None)
 
 
 def usage(finished) -> dict:
-    return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens}
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+    }
 
 
 def specpipe_figures(finished) -> dict:

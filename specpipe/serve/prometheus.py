@@ -14,7 +14,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 RATE_WINDOW_S = 10.0  # tok/s is the tokens emitted over the last 10 s
 
 HELP = {
-    "specpipe_requests_total": ("counter", "Requests by outcome (ok, cancelled, error, rejected_queue_full, bad_request)."),
+    "specpipe_requests_total": (
+        "counter",
+        "Requests by outcome (ok, cancelled, error, rejected_queue_full, bad_request).",
+    ),
     "specpipe_queue_length": ("gauge", "Requests waiting for a batch slot."),
     "specpipe_batch_size": ("gauge", "Rows decoded together in the latest step."),
     "specpipe_steps_total": ("counter", "Target forwards (steps) of the batch."),
@@ -75,8 +78,11 @@ class Metrics:
                 if kind == "histogram":
                     h = self._hist.get(name, [0] * (len(LATENCY_BUCKETS) + 1) + [0.0])
                     lines += [f'{name}_bucket{{le="{b}"}} {h[i]}' for i, b in enumerate(LATENCY_BUCKETS)]
-                    lines += [f'{name}_bucket{{le="+Inf"}} {h[len(LATENCY_BUCKETS)]}',
-                              f"{name}_sum {h[-1]:.6f}", f"{name}_count {h[len(LATENCY_BUCKETS)]}"]
+                    lines += [
+                        f'{name}_bucket{{le="+Inf"}} {h[len(LATENCY_BUCKETS)]}',
+                        f"{name}_sum {h[-1]:.6f}",
+                        f"{name}_count {h[len(LATENCY_BUCKETS)]}",
+                    ]
                     continue
                 series = [(labels, v) for (n, labels), v in self._values.items() if n == name] or [((), 0.0)]
                 for labels, value in sorted(series):

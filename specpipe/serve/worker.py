@@ -72,8 +72,8 @@ class GenerationWorker:
                 job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
 
     def _run(self, job: Job) -> None:
-        from specpipe.events import Emitted, RunFinished
         from specpipe.core.pipeline import RunControl
+        from specpipe.events import Emitted, RunFinished
 
         started = time.perf_counter()
         control = RunControl()
@@ -104,12 +104,28 @@ class GenerationWorker:
         if job.cancelled.is_set():
             reason = "cancelled"
         s = finished.stats
-        stats = {"drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
-                 "tokens_per_forward": s.tokens_per_forward, "target_forwards": s.target_forwards,
-                 "decode_tok_s": s.decode_tok_s, "ttft_s": s.ttft_s}
-        job.out.put(("done", Finished(text=text, finish_reason=reason, prompt_tokens=len(job.prompt_ids),
-                                      completion_tokens=s.generated_tokens, stats=stats,
-                                      queue_s=started - job.submitted)))
+        stats = {
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "acceptance_rate": s.acceptance_rate,
+            "tokens_per_forward": s.tokens_per_forward,
+            "target_forwards": s.target_forwards,
+            "decode_tok_s": s.decode_tok_s,
+            "ttft_s": s.ttft_s,
+        }
+        job.out.put(
+            (
+                "done",
+                Finished(
+                    text=text,
+                    finish_reason=reason,
+                    prompt_tokens=len(job.prompt_ids),
+                    completion_tokens=s.generated_tokens,
+                    stats=stats,
+                    queue_s=started - job.submitted,
+                ),
+            )
+        )
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:

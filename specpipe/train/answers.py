@@ -76,20 +76,34 @@ def _one_pass(files: list[Path], rng: random.Random, texts: dict):
         yield f"{task}\n\n```python\n{snippet}\n```" if code else f"{task}\n\n{snippet}"
 
 
-def answer_sequences(target, files: list[Path], n: int, seq_len: int, seed: int, batch: int = 16, log=None) -> list[list[int]]:
+def answer_sequences(
+    target, files: list[Path], n: int, seq_len: int, seed: int, batch: int = 16, log=None
+) -> list[list[int]]:
     """n sequences of seq_len tokens, each ending with the target's greedy answer to a task prompt."""
-    batch_generate = importlib.import_module("mlx_lm.generate").batch_generate  # `mlx_lm.generate` the name is a function
+    batch_generate = importlib.import_module(
+        "mlx_lm.generate"
+    ).batch_generate  # `mlx_lm.generate` the name is a function
     prompts = task_prompts(files, seed)
     out: list[list[int]] = []
     for _ in range(4 * n // batch + 4):  # bounded: a model that only answers in a few tokens must not loop forever
         if len(out) >= n:
             break
-        encoded = [ids for ids in (target.encode_prompt(p, chat=True) for p, _ in zip(prompts, range(batch))) if len(ids) < 1024]
+        encoded = [
+            ids
+            for ids in (target.encode_prompt(p, chat=True) for p, _ in zip(prompts, range(batch)))
+            if len(ids) < 1024
+        ]
         if not encoded:
             break
         # Answers up to seq_len - 16 tokens, so each sequence keeps the end of its prompt (the chat turn boundary).
-        result = batch_generate(target.model, target.tokenizer, encoded, max_tokens=seq_len - 16,
-                                return_token_ids=True, completion_batch_size=batch)
+        result = batch_generate(
+            target.model,
+            target.tokenizer,
+            encoded,
+            max_tokens=seq_len - 16,
+            return_token_ids=True,
+            completion_batch_size=batch,
+        )
         for ids, answer in zip(encoded, result.token_ids):
             whole = ids + list(answer)
             if len(answer) >= 8 and len(whole) >= seq_len:

@@ -33,10 +33,10 @@ import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
-from specpipe.engine.introspect import llama_parts  # noqa: E402
-from specpipe.drafters.mtp_head import default_head_dir, new_head, save_head  # noqa: E402
 from specpipe import signals  # noqa: E402
 from specpipe.cli.shell import Stopped, hydra_main  # noqa: E402
+from specpipe.drafters.mtp_head import default_head_dir, new_head, save_head  # noqa: E402
+from specpipe.engine.introspect import llama_parts  # noqa: E402
 from specpipe.errors import SpecpipeError  # noqa: E402
 from specpipe.run_folder import write_atomic  # noqa: E402
 
@@ -55,7 +55,9 @@ def corpus_files(corpus: str | None, seed: int, max_files: int) -> list[Path]:
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES)
     else:
         roots = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}
-        files = sorted(p for r in roots for p in Path(r).rglob("*") if p.suffix in TEXT_SUFFIXES and "test" not in p.name)
+        files = sorted(
+            p for r in roots for p in Path(r).rglob("*") if p.suffix in TEXT_SUFFIXES and "test" not in p.name
+        )
     random.Random(seed).shuffle(files)
     return files[:max_files]
 
@@ -145,7 +147,9 @@ def make_loss(inner, lm_head, unroll: int, ce_weight: float):
             x = head(x[:, :-1], inner.embed_tokens(tokens[:, j:]))
             total = total + mx.mean(mx.square(x - hidden[:, j:])) / scale / j
             logits = lm_head(x[pick_b, pick_t]).astype(mx.float32)
-            total = total + ce_weight * nn.losses.cross_entropy(logits, labels[:, j:][pick_b, pick_t], reduction="mean") / j
+            total = (
+                total + ce_weight * nn.losses.cross_entropy(logits, labels[:, j:][pick_b, pick_t], reduction="mean") / j
+            )
         return total
 
     return loss_fn
@@ -188,10 +192,16 @@ def train(cfg) -> Path:
 
     mx.random.seed(cfg.seed)
     head, layer_idx = new_head(inner)
-    opt = optim.AdamW(learning_rate=optim.join_schedules(
-        [optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup), optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05)],
-        [cfg.warmup],
-    ), weight_decay=0.0)
+    opt = optim.AdamW(
+        learning_rate=optim.join_schedules(
+            [
+                optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
+                optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05),
+            ],
+            [cfg.warmup],
+        ),
+        weight_decay=0.0,
+    )
     step = 0
     if cfg.resume and (state_dir / "state.json").exists():
         step = _load_state(state_dir, head, opt)
@@ -199,7 +209,10 @@ def train(cfg) -> Path:
 
     loss_and_grad = nn.value_and_grad(head, make_loss(inner, lm_head, cfg.unroll, cfg.ce_weight))
     files = corpus_files(cfg.corpus, cfg.seed, cfg.max_files)
-    cached = state_dir / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}{f'-answers{cfg.answers:g}' if cfg.answers else ''}.safetensors"
+    cached = (
+        state_dir
+        / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}{f'-answers{cfg.answers:g}' if cfg.answers else ''}.safetensors"
+    )
     log = lambda done: print(f"target hidden states: {done}/{cfg.sequences} sequences", file=sys.stderr)  # noqa: E731
     data = precompute(inner, lm_head, training_stream(target, files, cfg), cfg.sequences, cfg.chunk, cached, log)
     n = data["tokens"].shape[0]
@@ -210,15 +223,22 @@ def train(cfg) -> Path:
 
     meta = {
         "target": {"name": target.info.name, "arch": target.info.arch, "sha256": target.info.sha256},
-        "hidden_size": int(inner.norm.weight.shape[0]), "block_from_layer": layer_idx,
+        "hidden_size": int(inner.norm.weight.shape[0]),
+        "block_from_layer": layer_idx,
         "train": {k: v for k, v in cast(dict, OmegaConf.to_container(cfg)).items() if k not in ("model", "quant")},
     }
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     t0, losses = time.perf_counter(), []
-    columns = [TextColumn("training MTP head"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [
+        TextColumn("training MTP head"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     saved = step
     with Progress(*columns, transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task("train", total=cfg.steps, completed=step, loss="-")
@@ -227,8 +247,16 @@ def train(cfg) -> Path:
                 idx = mx.array(order[step * cfg.batch : (step + 1) * cfg.batch])
                 key = mx.random.key(cfg.seed * 100003 + step)  # per step, so a resumed run draws the same rows
                 pick_b = mx.random.randint(0, cfg.batch, (cfg.ce_positions,), key=key)
-                pick_t = mx.random.randint(0, cfg.seq_len - cfg.unroll, (cfg.ce_positions,), key=mx.random.split(key)[1])
-                batch = (data["tokens"][idx], data["hidden"][idx].astype(mx.float32), data["labels"][idx], pick_b, pick_t)
+                pick_t = mx.random.randint(
+                    0, cfg.seq_len - cfg.unroll, (cfg.ce_positions,), key=mx.random.split(key)[1]
+                )
+                batch = (
+                    data["tokens"][idx],
+                    data["hidden"][idx].astype(mx.float32),
+                    data["labels"][idx],
+                    pick_b,
+                    pick_t,
+                )
                 with signals.deferred():  # head, optimizer and step move together: a stop lands between steps
                     loss, grads = loss_and_grad(head, *batch)
                     opt.update(head, grads)
@@ -243,8 +271,11 @@ def train(cfg) -> Path:
                         save_head(head, out, {**meta, "steps": step, "loss": losses[-1], "held_out_agreement": agree})
                         saved = step
                     if not bar.console.is_terminal:  # logs and pipes get a line per checkpoint
-                        print(f"step {step}/{cfg.steps} loss {losses[-1]:.3f} held-out agreement {_pct(agree)} "
-                              f"{time.perf_counter() - t0:.0f}s", file=sys.stderr)
+                        print(
+                            f"step {step}/{cfg.steps} loss {losses[-1]:.3f} held-out agreement {_pct(agree)} "
+                            f"{time.perf_counter() - t0:.0f}s",
+                            file=sys.stderr,
+                        )
         except KeyboardInterrupt:
             with signals.deferred(then_raise=False):
                 if step > saved:
@@ -254,11 +285,26 @@ def train(cfg) -> Path:
             raise Stopped(f": {where}; rerun the same command to resume") from None
     agree = held_out_agreement(head, inner, lm_head, data, held)
     with signals.deferred(then_raise=False):  # training is done: a late stop must not cut the head file
-        save_head(head, out, {**meta, "steps": step, "loss": losses[-1] if losses else None, "held_out_agreement": agree,
-                              "held_out_sequences": len(held), "seconds": round(time.perf_counter() - t0, 1)})
-    print(f"held-out top-1 agreement with the target, chained steps 1..{len(agree)}: {_pct(agree)} ({len(held)} sequences)",
-          file=sys.stderr)
-    print(f"saved MTP head ({step} steps) to {out}: run with draft=mtp" + (f" draft.head={out}" if cfg.out else ""), file=sys.stderr)
+        save_head(
+            head,
+            out,
+            {
+                **meta,
+                "steps": step,
+                "loss": losses[-1] if losses else None,
+                "held_out_agreement": agree,
+                "held_out_sequences": len(held),
+                "seconds": round(time.perf_counter() - t0, 1),
+            },
+        )
+    print(
+        f"held-out top-1 agreement with the target, chained steps 1..{len(agree)}: {_pct(agree)} ({len(held)} sequences)",
+        file=sys.stderr,
+    )
+    print(
+        f"saved MTP head ({step} steps) to {out}: run with draft=mtp" + (f" draft.head={out}" if cfg.out else ""),
+        file=sys.stderr,
+    )
     return out
 
 
@@ -288,7 +334,9 @@ def _load_state(folder: Path, head, opt) -> int:
 
 def main() -> None:
     """Console entry: Hydra app over conf/train_drafter.yaml; errors become one line (docs/faults.md)."""
-    hydra_main("specpipe-train-drafter", "train_drafter", train, interrupted=" before training started; nothing was saved")
+    hydra_main(
+        "specpipe-train-drafter", "train_drafter", train, interrupted=" before training started; nothing was saved"
+    )
 
 
 if __name__ == "__main__":

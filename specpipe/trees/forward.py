@@ -17,15 +17,14 @@ back. Only plain KVCache layers are supported (`tree_refusal`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from specpipe.trees.tree import TokenTree
-
 
 # Families whose attention reads positions only through `rope(x, offset=cache.offset)` and whose mask comes
 # from `cache.make_mask`: checked against plain forwards in tests/test_trees.py. Others may use the offset

@@ -25,14 +25,16 @@ class TreeShape:
     depth: int = 8  # dynamic: deepest level drafted
 
     @classmethod
-    def from_config(cls, tree) -> "TreeShape | None":
+    def from_config(cls, tree) -> TreeShape | None:
         name = tree.name if tree is not None else "chain"  # configs built without the group (older bench nodes)
         if name == "chain":
             return None
         if name == "static":
             branching = [int(b) for b in tree.branching]
             if not branching or min(branching) < 1:
-                raise ConfigError(f"tree.branching={branching}: give children per depth, each >= 1, e.g. tree.branching=[4,2,1,1]")
+                raise ConfigError(
+                    f"tree.branching={branching}: give children per depth, each >= 1, e.g. tree.branching=[4,2,1,1]"
+                )
             shape = cls(kind="static", branching=branching)
             if shape.max_nodes() > MAX_NODES:
                 raise ConfigError(
@@ -45,7 +47,12 @@ class TreeShape:
                 raise ConfigError(f"tree.nodes={tree.nodes}: must be 1..{MAX_NODES}")
             if not 1 <= tree.depth <= MAX_NODES:
                 raise ConfigError(f"tree.depth={tree.depth}: must be 1..{MAX_NODES}")
-            return cls(kind="dynamic", nodes=int(tree.nodes), depth=int(tree.depth), branching=[int(tree.width)] * int(tree.depth))
+            return cls(
+                kind="dynamic",
+                nodes=int(tree.nodes),
+                depth=int(tree.depth),
+                branching=[int(tree.width)] * int(tree.depth),
+            )
         raise ConfigError(f"tree={name}: unknown tree shape; use tree=chain, tree=static or tree=dynamic")
 
     @property

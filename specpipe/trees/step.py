@@ -32,7 +32,9 @@ class TreeStep:
         if refusal:
             raise SpecpipeError(refusal)
         if not hasattr(drafter, "propose_tree"):
-            raise SpecpipeError(f"draft={drafter.name} cannot propose token trees: use tree=chain, or draft=ngram / model")
+            raise SpecpipeError(
+                f"draft={drafter.name} cannot propose token trees: use tree=chain, or draft=ngram / model"
+            )
         self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
         self.sampler = sampler if sampler is not None and not sampler.greedy else None  # None: greedy
         self.new_ids: list[int] = []
@@ -48,8 +50,15 @@ class TreeStep:
         draft_s = time.perf_counter() - s
         forwards = drafter.forwards - f0
         yield Drafted(
-            t=clock(), step=step, k=len(tree), draft_ids=list(tree.tokens), tree_parents=list(tree.parents),
-            seconds=draft_s, forwards=forwards, draft_forwards=forwards, catchup_tokens=draft.catchup_tokens,
+            t=clock(),
+            step=step,
+            k=len(tree),
+            draft_ids=list(tree.tokens),
+            tree_parents=list(tree.parents),
+            seconds=draft_s,
+            forwards=forwards,
+            draft_forwards=forwards,
+            catchup_tokens=draft.catchup_tokens,
         )
 
         # ---- verify + compare: one forward over [last_id, *nodes], the longest path the target agrees with
@@ -61,10 +70,15 @@ class TreeStep:
         on_path = set(verdict.path)
         verify_s = time.perf_counter() - s
         yield Verified(
-            t=clock(), step=step, accepted_ids=path_ids,
+            t=clock(),
+            step=step,
+            accepted_ids=path_ids,
             rejected_ids=[t for i, t in enumerate(tree.tokens) if i not in on_path],
-            recovered_id=None if verdict.bonus else verdict.next_id, bonus_id=verdict.next_id if verdict.bonus else None,
-            seconds=verify_s, accepted_path=verdict.path, tree_depth=max(tree.depths(), default=0),
+            recovered_id=None if verdict.bonus else verdict.next_id,
+            bonus_id=verdict.next_id if verdict.bonus else None,
+            seconds=verify_s,
+            accepted_path=verdict.path,
+            tree_depth=max(tree.depths(), default=0),
         )
 
         # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
@@ -77,8 +91,12 @@ class TreeStep:
                 agreed += 1
             draft_drop = drafter.rollback(len(context) + agreed)  # the drafter rolls its own cache back
         yield RolledBack(
-            t=clock(), step=step, strategy="tree-compact", target_dropped=len(tree) - len(path_ids),
-            draft_dropped=draft_drop, seconds=time.perf_counter() - s,
+            t=clock(),
+            step=step,
+            strategy="tree-compact",
+            target_dropped=len(tree) - len(path_ids),
+            draft_dropped=draft_drop,
+            seconds=time.perf_counter() - s,
         )
         self.new_ids, self.accepted = path_ids + [verdict.next_id], len(path_ids)
 

@@ -28,7 +28,7 @@ class TokenTree:
     scores: list[float] = field(default_factory=list)
 
     @classmethod
-    def chain(cls, token_ids: list[int]) -> "TokenTree":
+    def chain(cls, token_ids: list[int]) -> TokenTree:
         """A single branch (today's draft)."""
         tree = cls()
         for i, tid in enumerate(token_ids):

@@ -15,8 +15,8 @@ node 2 (row 3) has no children -> path [0, 2], next token 8 (a bonus).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

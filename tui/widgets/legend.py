@@ -10,8 +10,12 @@ from tui.widgets.step_strip import LEVELS, StepStrip
 from tui.widgets.token_view import TokenView, special_marker
 
 FULL_SAMPLES = [
-    Piece("accepted", ACCEPTED, 0), Piece("rejected", REJECTED, 0), Piece("recovered", RECOVERED, 0),
-    Piece("bonus", BONUS, 0), Piece("target", TARGET, 0), Piece("<|im_end|>", REJECTED, 0),
+    Piece("accepted", ACCEPTED, 0),
+    Piece("rejected", REJECTED, 0),
+    Piece("recovered", RECOVERED, 0),
+    Piece("bonus", BONUS, 0),
+    Piece("target", TARGET, 0),
+    Piece("<|im_end|>", REJECTED, 0),
 ]
 
 
@@ -45,7 +49,9 @@ class Legend(TokenView):
             if i:
                 text.append("  ")
             if piece.text.startswith("<|"):
-                text.append(special_marker(piece.text), self.component_style("special") + self.component_style(REJECTED))
+                text.append(
+                    special_marker(piece.text), self.component_style("special") + self.component_style(REJECTED)
+                )
             else:
                 text.append(piece.text, self.component_style(piece.kind))
         return text

@@ -17,5 +17,4 @@ from __future__ import annotations
 
 from specpipe.core.protocols import Rollback
 
-
 RollbackStrategy = Rollback  # the protocol, in specpipe/core/protocols.py with the other kinds'

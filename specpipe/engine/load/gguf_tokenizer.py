@@ -52,7 +52,15 @@ PRE_TOKENIZERS = {
     "llama-bpe": (False, _LLAMA3_SPLIT, False),
 }
 
-END_OF_TURN_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>")
+END_OF_TURN_NAMES = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+)
 
 
 def build_tokenizer(meta: dict, filename: str = "GGUF"):
@@ -85,11 +93,19 @@ def build_tokenizer(meta: dict, filename: str = "GGUF"):
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = meta.get("tokenizer.ggml.merges") or []
-    backend = _backend(tokens, types, merges, pre, bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                       meta.get("tokenizer.ggml.bos_token_id"))
+    backend = _backend(
+        tokens,
+        types,
+        merges,
+        pre,
+        bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        meta.get("tokenizer.ggml.bos_token_id"),
+    )
     # An added token missing from the vocab would get a fresh id past the embedding table.
     if max(backend.get_vocab(with_added_tokens=True).values()) >= len(tokens):
-        raise SpecpipeError(f"{filename}: special tokens missing from the vocabulary; the file's tokenizer is inconsistent")
+        raise SpecpipeError(
+            f"{filename}: special tokens missing from the vocabulary; the file's tokenizer is inconsistent"
+        )
 
     from transformers import PreTrainedTokenizerFast
 
@@ -161,7 +177,11 @@ def _backend(tokens, types, merges, pre, add_bos, bos_id):
 def _eos_ids(meta: dict, tokens: list[str], types: list[int], template: str | None) -> list[int]:
     ids = [meta.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
     if template:
-        ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in END_OF_TURN_NAMES and t in template]
+        ids += [
+            i
+            for i, (t, ty) in enumerate(zip(tokens, types))
+            if ty == CONTROL and t in END_OF_TURN_NAMES and t in template
+        ]
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 

@@ -16,10 +16,10 @@ from typing import cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from specpipe.engine.load.build import apply_precision, build_model, weight_dtype
 from specpipe.engine.engine import Engine
-from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.engine.info import ModelInfo
+from specpipe.engine.load.build import apply_precision, build_model, weight_dtype
+from specpipe.errors import ConfigError, SpecpipeError
 
 TINY = "tiny-random"
 # Packaged models whose architecture engine/gguf.py cannot build yet: refused before downloading them.
@@ -71,6 +71,7 @@ def load_target(cfg) -> Engine:
 
 def _load_packaged(name: str) -> Engine:
     from specpipe.engine.load import model_store
+
     if name not in model_store.PACKAGED_MODELS:
         known = ", ".join(sorted(model_store.PACKAGED_MODELS) + [TINY])
         raise SpecpipeError(f"unknown model {name!r}: choose one of {known}, or set model.path=<file.gguf|folder>")
@@ -96,7 +97,9 @@ def _load_path(path: str) -> Engine:
             found = resolve_hf_cache(path)
             if found is not None:
                 return _load_folder(found, name=path)
-        raise SpecpipeError(f"model.path {path!r} does not exist: give a .gguf file, a model folder, or a repo id in the local Hugging Face cache")
+        raise SpecpipeError(
+            f"model.path {path!r} does not exist: give a .gguf file, a model folder, or a repo id in the local Hugging Face cache"
+        )
     if p.is_dir():
         return _load_folder(p, name=p.name)
     return _load_gguf(p, name=p.stem, source="gguf", sha256=file_sha256(p))
@@ -110,7 +113,9 @@ def _load_gguf(path: Path, name: str, source: str, sha256: str) -> Engine:
     ckpt = read_gguf(path)
     model = build_model(ckpt.config, ckpt.weights, ckpt.quantization)
     tokenizer = TokenizerWrapper(ckpt.tokenizer, BPEStreamingDetokenizer, eos_token_ids=ckpt.eos_token_ids)
-    info = ModelInfo(name=name, source=source, arch=ckpt.config["model_type"], precision="", path=str(path), sha256=sha256)
+    info = ModelInfo(
+        name=name, source=source, arch=ckpt.config["model_type"], precision="", path=str(path), sha256=sha256
+    )
     return Engine(model, tokenizer, info)
 
 
@@ -131,7 +136,9 @@ def _load_folder(path: Path, name: str) -> Engine:
     digest = hashlib.sha256()
     for f in sorted(path.glob("*.safetensors")):
         digest.update(file_sha256(f).encode())
-    info = ModelInfo(name=name, source="folder", arch=config["model_type"], precision="", path=str(path), sha256=digest.hexdigest())
+    info = ModelInfo(
+        name=name, source="folder", arch=config["model_type"], precision="", path=str(path), sha256=digest.hexdigest()
+    )
     return Engine(model, tokenizer, info)
 
 
@@ -144,7 +151,9 @@ def _load_tiny(arch: str, seed: int, overrides: dict) -> Engine:
     tok = byte_tokenizer()
     tokenizer = TokenizerWrapper(tok, BPEStreamingDetokenizer, eos_token_ids=[tok.eos_token_id])
     spec = json.dumps({"arch": arch, "seed": seed, "config": config}, sort_keys=True)
-    info = ModelInfo(name=f"{TINY}-{arch}", source=TINY, arch=arch, precision="", sha256=hashlib.sha256(spec.encode()).hexdigest())
+    info = ModelInfo(
+        name=f"{TINY}-{arch}", source=TINY, arch=arch, precision="", sha256=hashlib.sha256(spec.encode()).hexdigest()
+    )
     return Engine(model, tokenizer, info)
 
 

