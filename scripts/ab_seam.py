@@ -109,7 +109,7 @@ def worker(group: str, reps: int, tokens: int) -> None:
 def run_worker(tree: Path, group: str, reps: int, tokens: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(  # stderr shown on failure below
-        [sys.executable, str(Path(__file__).resolve()), "--worker", group, "--reps", str(reps), "--tokens", str(tokens)],
+        [sys.executable, str(Path(__file__).resolve()), "--worker", group, "--reps", str(reps), "--tokens", str(tokens), "--cases", ",".join(GROUPS[group])],
         cwd=tree, env=env, capture_output=True, text=True, check=True,
     ).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -124,14 +124,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--groups", default=",".join(GROUPS))
+    ap.add_argument("--cases", help="comma-separated subset, e.g. ngram-checkpoint,self-checkpoint")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.cases:
+        for group in GROUPS:
+            GROUPS[group] = [c for c in GROUPS[group] if c in args.cases.split(",")]
     if args.worker:
         return worker(args.worker, args.reps, args.tokens)
+    groups = [g for g in args.groups.split(",") if GROUPS[g]]
     trees = {"before": args.before, "after": HERE}
     ratios: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        for group in args.groups.split(","):
+        for group in groups:
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             got = {name: run_worker(trees[name], group, args.reps, args.tokens) for name in order}
             for case in GROUPS[group]:
