@@ -32,9 +32,17 @@ GROUPS = {
     "hybrid": ["none-recompute", "ngram-checkpoint", "ngram-recompute", "ngram-auto", "self-checkpoint"],
 }
 HYBRID = dict(  # scripts/bench_rollback.py's ~100M Qwen3-Next
-    hidden_size=768, intermediate_size=2048, num_hidden_layers=12, full_attention_interval=4,
-    num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-    linear_num_value_heads=16, linear_num_key_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    full_attention_interval=4,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=64,
+    linear_num_value_heads=16,
+    linear_num_key_heads=8,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
 )
 K = 4
 
@@ -72,11 +80,12 @@ def worker(group: str, reps: int, tokens: int) -> None:
         from specpipe.engine.introspect import llama_parts
         from specpipe.engine.load.loader import load_engine
     except ImportError:
-        from specpipe.drafters.layerskip import llama_parts
         from specpipe.engine.loader import load_engine
         from specpipe.pipeline import SpeculativePipeline
         from specpipe.stages.bonus import GreedyBonus
         from specpipe.stages.compare import GreedyComparator
+
+        from specpipe.drafters.layerskip import llama_parts
 
     if group == "smollm2":
         target = load_engine("smollm2-135m", precision="float32")
@@ -84,7 +93,12 @@ def worker(group: str, reps: int, tokens: int) -> None:
     else:
         target = load_engine("tiny-random", precision="float32", arch="qwen3_next", tiny=HYBRID)
         prompt = [(7 * i) % 250 + 3 for i in range(48)]
-    rollbacks = {"trim": TrimRollback, "checkpoint": CheckpointRollback, "recompute": RecomputeRollback, "auto": AutoRollback}
+    rollbacks = {
+        "trim": TrimRollback,
+        "checkpoint": CheckpointRollback,
+        "recompute": RecomputeRollback,
+        "auto": AutoRollback,
+    }
 
     def drafter_for(kind: str):
         if kind == "none":
@@ -104,7 +118,9 @@ def worker(group: str, reps: int, tokens: int) -> None:
         drafter = drafter_for(kind)
         speeds, ids = [], None
         for rep in range(reps + 1):  # the first is a warm-up
-            pipe = SpeculativePipeline(target, drafter, FixedBudget(k=K), GreedyComparator(), rollbacks[strategy](), GreedyBonus())
+            pipe = SpeculativePipeline(
+                target, drafter, FixedBudget(k=K), GreedyComparator(), rollbacks[strategy](), GreedyBonus()
+            )
             t_prefill = None
             for event in pipe.run(prompt, tokens, stop_ids=set()):
                 if isinstance(event, PrefillDone):
@@ -114,17 +130,39 @@ def worker(group: str, reps: int, tokens: int) -> None:
                     ids = event.token_ids
             if rep:
                 speeds.append(len(ids) / elapsed)
-        print(json.dumps({"case": case, "tok_s": max(speeds), "ids": ids, "tree": str(Path(specpipe.__file__).parents[1])}), flush=True)
+        print(
+            json.dumps(
+                {"case": case, "tok_s": max(speeds), "ids": ids, "tree": str(Path(specpipe.__file__).parents[1])}
+            ),
+            flush=True,
+        )
 
 
 def run_worker(tree: Path, group: str, reps: int, tokens: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(  # stderr shown on failure below
-        [sys.executable, str(Path(__file__).resolve()), "--worker", group, "--reps", str(reps), "--tokens", str(tokens), "--cases", ",".join(GROUPS[group])],
-        cwd=tree, env=env, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            group,
+            "--reps",
+            str(reps),
+            "--tokens",
+            str(tokens),
+            "--cases",
+            ",".join(GROUPS[group]),
+        ],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert all(Path(r["tree"]).resolve() == tree.resolve() for r in rows), f"worker imported another specpipe: {rows[0]['tree']}"
+    assert all(Path(r["tree"]).resolve() == tree.resolve() for r in rows), (
+        f"worker imported another specpipe: {rows[0]['tree']}"
+    )
     return {r["case"]: r for r in rows}
 
 
@@ -154,7 +192,11 @@ def main() -> None:
                 b, a = got["before"][case], got["after"][case]
                 assert a["ids"] == b["ids"], f"{case}: the trees emitted different tokens"
                 ratios.setdefault(case, []).append(a["tok_s"] / b["tok_s"])
-                print(f"round {r + 1} {case:18s} before {b['tok_s']:7.1f} tok/s  after {a['tok_s']:7.1f} tok/s  after/before {a['tok_s'] / b['tok_s']:.3f}", flush=True)
+                print(
+                    f"round {r + 1} {case:18s} before {b['tok_s']:7.1f} tok/s  after {a['tok_s']:7.1f} tok/s  "
+                    f"after/before {a['tok_s'] / b['tok_s']:.3f}",
+                    flush=True,
+                )
     print("\nafter/before decode tok/s, median of rounds (1.00 = as fast):")
     for case, rs in ratios.items():
         print(f"  {case:18s} {statistics.median(rs):.3f}   rounds: {' '.join(f'{x:.3f}' for x in rs)}")

@@ -1,4 +1,5 @@
-"""Holes vs re-alignment by copy: what one step's per-row shift of the whole KV costs next to the forward (SmolLM2, B = 8, n = 9).
+"""Holes vs re-alignment by copy: what one step's per-row shift of the whole KV costs next to the forward
+(SmolLM2, B = 8, n = 9).
 
 python scripts/batch_realign_cost.py
 """
@@ -29,16 +30,19 @@ for L in (256, 1024):
     for _ in range(6):
         t0 = time.perf_counter()
         out = t.model(ids, cache=rb.layers)
-        mx.eval(out, [l.state for l in rb.layers])
+        mx.eval(out, [layer.state for layer in rb.layers])
         fw.append(time.perf_counter() - t0)
         # re-alignment: every row's columns shifted right by its rejected count (a gather over the whole buffer)
         idx = (mx.arange(rb.idx + n)[None, :] - shifts[:, None]) % (rb.idx + n)
         t0 = time.perf_counter()
-        moved = [mx.take_along_axis(l.keys[..., : rb.idx + n, :], idx[:, None, :, None], axis=2) for l in rb.layers] + [
-            mx.take_along_axis(l.values[..., : rb.idx + n, :], idx[:, None, :, None], axis=2) for l in rb.layers
+        moved = [
+            mx.take_along_axis(layer.keys[..., : rb.idx + n, :], idx[:, None, :, None], axis=2) for layer in rb.layers
+        ] + [
+            mx.take_along_axis(layer.values[..., : rb.idx + n, :], idx[:, None, :, None], axis=2) for layer in rb.layers
         ]
         mx.eval(moved)
         cp.append(time.perf_counter() - t0)
     print(
-        f"context {L}, B={B}, n={n}: forward {min(fw) * 1000:.1f} ms, per-step re-alignment copy {min(cp) * 1000:.1f} ms ({min(cp) / min(fw):.2f}x of the forward)"
+        f"context {L}, B={B}, n={n}: forward {min(fw) * 1000:.1f} ms, "
+        f"per-step re-alignment copy {min(cp) * 1000:.1f} ms ({min(cp) / min(fw):.2f}x of the forward)"
     )

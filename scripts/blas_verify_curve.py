@@ -29,7 +29,7 @@ mx.eval(ws)
 def fwd(x):
     for q, kv, up, down in ws:
         a = x @ q
-        b = x @ kv
+        _ = x @ kv  # the K/V projection's cost, as a layer pays it
         g = x @ up
         x = x + (g[:, :inter] * g[:, inter:]) @ down + a
     return x

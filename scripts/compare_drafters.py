@@ -58,7 +58,8 @@ def main() -> None:
     encoded = [target.encode_prompt(p["prompt"], chat=True) for p in prompts]
     baselines = [run(NoneDrafter(), ids, 1).token_ids for ids in encoded]
     print(
-        f"SmolLM2-135M float32, greedy, K={k}, {max_tokens} tokens x {len(prompts)} code prompts ({', '.join(p['id'] for p in prompts)})\n"
+        f"SmolLM2-135M float32, greedy, K={k}, {max_tokens} tokens x {len(prompts)} "
+        f"code prompts ({', '.join(p['id'] for p in prompts)})\n"
     )
     print("| drafter | acceptance by position 1..K | tokens / target forward | acceptance rate | drafter forwards |")
     print("|---|---|---|---|---|")
@@ -85,7 +86,8 @@ def main() -> None:
         by_pos = " ".join(f"{a:.2f}" for a in totals["by_pos"])
         rate = totals["accepted"] / max(totals["drafted"], 1)
         print(
-            f"| {label} | {by_pos} | {totals['tokens'] / max(totals['forwards'], 1):.2f} | {rate:.2f} | {totals['draft_forwards']} |"
+            f"| {label} | {by_pos} | {totals['tokens'] / max(totals['forwards'], 1):.2f} | "
+            f"{rate:.2f} | {totals['draft_forwards']} |"
         )
 
 

@@ -55,7 +55,8 @@ def main() -> None:
         p99 = lat[min(len(lat) - 1, round(0.99 * len(lat)) - 1)]
         print(
             f"clients {c:2d}: {sum(r['tokens'] for r in runs) / wall:6.1f} tok/s aggregate | latency p50 "
-            f"{statistics.median(lat):6.2f} s p99 {p99:6.2f} s | queued p50 {statistics.median(r['queue_s'] for r in runs):5.2f} s"
+            f"{statistics.median(lat):6.2f} s p99 {p99:6.2f} s "
+            f"| queued p50 {statistics.median(r['queue_s'] for r in runs):5.2f} s"
             f" | acceptance {statistics.mean(r['acceptance_rate'] for r in runs):.0%}"
         )
 

@@ -115,7 +115,8 @@ def main() -> None:
     )
     print(f"# started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
     print(
-        "| prompt | tokens | row | prefill tok/s | TTFT s | decode tok/s | decode vs plain | acceptance | peak MiB | KV KiB/token |"
+        "| prompt | tokens | row | prefill tok/s | TTFT s | decode tok/s | "
+        "decode vs plain | acceptance | peak MiB | KV KiB/token |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     out = open(args.json, "w") if args.json else None
@@ -159,7 +160,8 @@ def main() -> None:
                 same = "" if m["tokens"] == plain["tokens"] else " (other tokens: lossy KV)"
             speedup = f"{m['decode_tok_s'] / plain['decode_tok_s']:.2f}x" if plain else "-"
             print(
-                f"| {pid} | {len(ids)} | {label}{same} | {m['prefill_tok_s']:.0f} | {m['ttft_s']:.2f} | {m['decode_tok_s']:.1f} | "
+                f"| {pid} | {len(ids)} | {label}{same} | {m['prefill_tok_s']:.0f} | {m['ttft_s']:.2f} | "
+                f"{m['decode_tok_s']:.1f} | "
                 f"{speedup} | {m['acceptance']:.0%} | {m['peak_mib']:.0f} | {m['kv_kib_per_token']:.1f} |",
                 flush=True,
             )

@@ -100,8 +100,8 @@ def main():
     t1 = min(best["one"])
     print(f"{a.model} float32, {blas.name}, prefix {a.prefix}, min of {a.repeats}; T(1) = {t1 * 1e3:.1f} ms")
     print(
-        "n nodes | chain n+1 causal | (a) tree mask + RoPE by depth | (b) rows x d=%d (prefix copied) | (b) incl. copy"
-        % a.depth
+        f"n nodes | chain n+1 causal | (a) tree mask + RoPE by depth | (b) rows x d={a.depth} (prefix copied) "
+        "| (b) incl. copy"
     )
     for n in ns:
         r = [min(best[(lab, n)]) / t1 for lab in ("chain", "tree", "rows", "rows+copy")]

@@ -92,11 +92,13 @@ def main():
             f"{p['id']}: {len(plain_ids)} tokens; " + ", ".join(f"{n} {rows[n][-1][0]:.1f}" for n in names), flush=True
         )
     print(
-        f"\nSmolLM2-135M float32 ({blas.name}) + n-gram, suite {a.suite}, {len(prompts)} prompts, {a.max_tokens} tokens max, "
+        f"\nSmolLM2-135M float32 ({blas.name}) + n-gram, suite {a.suite}, "
+        f"{len(prompts)} prompts, {a.max_tokens} tokens max, "
         f"{a.repeats} repeats (median), every output == plain decoding's"
     )
     print(
-        "| configuration | tokens / target forward | accepted length | nodes verified / step | speed-up over plain (geo-mean) |"
+        "| configuration | tokens / target forward | accepted length | "
+        "nodes verified / step | speed-up over plain (geo-mean) |"
     )
     print("|---|---|---|---|---|")
     for n in names:

@@ -250,7 +250,7 @@ def register_rollbacks() -> None:
 register_rollbacks()
 
 
-# ---------------------------------------------------------------- drafters without a second model (layerskip, mtp) + head training
+# ---------------------------------------------------------------- drafters without a second model, head training
 
 
 @dataclass
@@ -261,9 +261,7 @@ class LayerSkipDraftConfig(PluginConfig):
 
 @dataclass
 class MtpDraftConfig(PluginConfig):
-    head: str | None = (
-        MISSING  # head folder / checkpoint folder; None: the model's own or the trained one next to it
-    )
+    head: str | None = MISSING  # head folder / checkpoint folder; None: the model's own or the trained one next to it
 
 
 @dataclass

@@ -8,7 +8,6 @@ so old recordings stay readable. Nothing here imports mlx.
 from __future__ import annotations
 
 import os
-from typing import Union
 
 import msgspec
 
@@ -211,7 +210,7 @@ class RunError(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads 
     message: str
 
 
-Event = Union[RunStarted, PrefillProgress, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError]
+Event = RunStarted | PrefillProgress | PrefillDone | Drafted | Verified | RolledBack | Emitted | RunFinished | RunError
 
 EVENT_TYPES = (RunStarted, PrefillProgress, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError)
 

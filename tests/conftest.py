@@ -107,4 +107,7 @@ def first_difference(target: Engine, prompt_ids: list[int], expected: list[int],
     cache = target.make_cache()
     logits = target.forward(mx.array(prompt_ids + expected[:i], dtype=mx.uint32), cache).logits[-1]
     top = mx.sort(logits)[-2:].tolist()
-    return f"first difference at position {i}: expected {expected[i : i + 3]}, got {got[i : i + 3]}; top-2 margin {top[1] - top[0]:.3g}"
+    return (
+        f"first difference at position {i}: expected {expected[i : i + 3]}, got {got[i : i + 3]}"
+        f"; top-2 margin {top[1] - top[0]:.3g}"
+    )

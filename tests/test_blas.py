@@ -165,7 +165,8 @@ WAIT_POLICY = """
 import json, os
 from specpipe.engine.load.blas import preload_blas
 info = preload_blas()
-print(json.dumps({"name": info.name, "layer": os.environ.get("MKL_THREADING_LAYER"), "wait": os.environ.get("OMP_WAIT_POLICY")}))
+env = os.environ
+print(json.dumps({"name": info.name, "layer": env.get("MKL_THREADING_LAYER"), "wait": env.get("OMP_WAIT_POLICY")}))
 """
 
 

@@ -297,7 +297,8 @@ def test_qwen35_checkpoint_mtp_head_loads_and_is_lossless(tmp_path):
 
 @pytest.mark.parametrize("rollback", ["checkpoint", "recompute", "auto"])
 def test_hybrid_target_with_its_own_mtp_head_every_rollback(tmp_path, rollback):
-    """Qwen3.5 layout (Gated DeltaNet + attention): the checkpoint's head at K = 1, 8, 32 (layer skip refuses it, clearly)."""
+    """Qwen3.5 layout (Gated DeltaNet + attention): the checkpoint's head at K = 1, 8, 32
+    (layer skip refuses it, clearly)."""
     from specpipe.engine.load.loader import load_engine
 
     qwen35_checkpoint(tmp_path / "qwen35", with_mtp=True)

@@ -147,7 +147,8 @@ async def test_browser_types_a_prompt_and_sees_a_highlighted_answer():
                 tools = DevTools(ws)
                 await tools.call("Page.enable")
                 await tools.call("Page.navigate", url=url + "/")
-                ready = "!!document.body && document.body.classList.contains('-first-byte')"  # textual.js sets it on the app's first output
+                # textual.js sets this class on the app's first output
+                ready = "!!document.body && document.body.classList.contains('-first-byte')"
                 await wait_until(
                     lambda: tools.call("Runtime.evaluate", expression=ready),
                     lambda r: r["result"].get("value") is True,

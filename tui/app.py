@@ -258,7 +258,8 @@ class ChatApp(App):
             self.control.stop_requested = True
 
     def action_interrupt(self) -> None:
-        """Ctrl+C as in a shell: stop the answer; else copy a selection; else clear the line; else quit on a second press."""
+        """Ctrl+C as in a shell: stop the answer; else copy a selection;
+        else clear the line; else quit on a second press."""
         if self.control is not None:
             self.action_stop()
             return

@@ -55,7 +55,8 @@ def main() -> None:
 def parse_flags(argv: list[str]) -> Flags:
     """Take specpipe-chat's own flags (also `--flag=value`) out of argv; the rest are Hydra overrides.
 
-    Example: ["--replay", "e.jsonl", "--speed=0", "budget.k=4"] -> Flags(replay="e.jsonl", speed=0.0, rest=["budget.k=4"]).
+    Example: ["--replay", "e.jsonl", "--speed=0", "budget.k=4"]
+    -> Flags(replay="e.jsonl", speed=0.0, rest=["budget.k=4"]).
     """
     values: dict[str, str] = {}
     flags, i = Flags(), 0

@@ -142,7 +142,8 @@ def verdicts(records: list[dict]) -> list[str]:
         fixed = _fixed_sweep(rs)
         if fixed:
             parts.append(
-                f"best fixed K={fixed['best_k']} {fixed['best_speedup']:.2f}x -> {ours / fixed['best_speedup']:.2f} of it"
+                f"best fixed K={fixed['best_k']} {fixed['best_speedup']:.2f}x "
+                f"-> {ours / fixed['best_speedup']:.2f} of it"
             )
         mlx = _anchor_sweep([r["anchor"] for r in rs if r.get("anchor")])
         anchored = [r["anchor"] for r in rs if r.get("anchor") and r["anchor"].get("speedup")]
@@ -156,7 +157,8 @@ def verdicts(records: list[dict]) -> list[str]:
             parts.append(f"mlx-lm K={mlx_k} {mlx_spec:.2f}x -> {ours / mlx_spec:.2f} of it")
         forwards, drafted, steps = draft_forward_check([r["spec"] for r in rs])
         parts.append(
-            f"draft forwards {forwards} {'<=' if forwards <= drafted + steps else '>'} drafted {drafted} + steps {steps}"
+            f"draft forwards {forwards} {'<=' if forwards <= drafted + steps else '>'} "
+            f"drafted {drafted} + steps {steps}"
         )
         lines.append(" | ".join(parts))
     return lines
@@ -222,13 +224,16 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
     parts = [
         "# specpipe benchmark report",
         "",
-        f"- machine: {dev.get('cpu', dev.get('machine', '?'))}, mlx device {dev.get('mlx_device', '?')}, BLAS {dev.get('blas', '?')}",
+        f"- machine: {dev.get('cpu', dev.get('machine', '?'))}, mlx device {dev.get('mlx_device', '?')}, "
+        f"BLAS {dev.get('blas', '?')}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
         f"- fixed per run: precision {first['label'].get('precision')}, max_tokens {cfg.get('max_tokens')}, batch 1, "
-        f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, warm-up {cfg.get('warmup')}",
+        f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, "
+        f"warm-up {cfg.get('warmup')}",
         f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from "
         + ", ".join(str(p) for p in sources),
-        "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first over the time after the first); "
+        "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first "
+        "over the time after the first); "
         "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back.",
         "",
         "## Token match (greedy losslessness)",

@@ -132,7 +132,8 @@ class AutoBudget(BudgetBase):
     def _observe_verify(self, n: int, seconds: float) -> None:
         """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
         measured points replace the calibration's and the rest of the curve is scaled by the median
-        measured / calibrated ratio: a calibration taken while another process held the cores must not keep auto from drafting for the whole run."""
+        measured / calibrated ratio: a calibration taken while another process held the cores
+        must not keep auto from drafting for the whole run."""
         old = self._seconds.get(n)
         self._seconds[n] = seconds if old is None else MEASURED_FORGET * old + (1 - MEASURED_FORGET) * seconds
         t1 = self._seconds.get(1)
@@ -196,7 +197,8 @@ class AutoBudget(BudgetBase):
 
     def _probe_size(self) -> int:
         """A probe's K, priced by the cost model on the optimistic rates: the draft that would pay
-        if acceptance is as good as the evidence allows, and never under probe_k. A short probe on a drafter that nearly always
+        if acceptance is as good as the evidence allows, and never under probe_k.
+        A short probe on a drafter that nearly always
         agrees proves little about long drafts and, where a short verify costs as much as a long one, costs as much."""
         return max(self.probe_k, self._best(self.alpha_optimistic, self.continuation_optimistic))
 

@@ -22,7 +22,10 @@ SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
 def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int = 0) -> str | None:
     """One line saying what is wrong with these sampling values, or None. No mlx: preflight uses it too."""
     if not math.isfinite(temperature) or temperature < 0:
-        return f"sampling.temperature={temperature} is {'negative' if temperature < 0 else 'not a finite number'}: use 0 (greedy) or more"
+        return (
+            f"sampling.temperature={temperature} is {'negative' if temperature < 0 else 'not a finite number'}"
+            f": use 0 (greedy) or more"
+        )
     if top_k < 0:
         return f"sampling.top_k={top_k} is negative: use 0 (off) or a positive count"
     if not 0.0 < top_p <= 1.0:  # False for nan too

@@ -68,13 +68,15 @@ class MtpDrafter(DrafterBase):
         self._pairs = 0  # pairs (h[i-1], t[i]) for i = 1.._pairs, with the target's h
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        # The target prefill's hidden states arrive through observe_hidden; the head sees the prompt at the first propose.
+        # The target prefill's hidden states arrive through observe_hidden;
+        # the head sees the prompt at the first propose.
         self._head_cache, self._seen, self._pairs = KVCache(), [], 0
         self.tape = HiddenTape()
         self.cached_len = 0
 
     def observe_hidden(self, start: int, token_ids: list[int], hidden) -> None:
-        """The target's hidden states [n, hidden] of `token_ids`, fed at cache positions start.. (overwrites from start)."""
+        """The target's hidden states [n, hidden] of `token_ids`, fed at cache positions start..
+        (overwrites from start)."""
         if hidden is not None:
             self.tape.write(start, token_ids, hidden)
 

@@ -93,7 +93,8 @@ def load_head(target, inner: nn.Module, path: str | None) -> tuple[MtpHead, str]
     for where in candidates:
         if path and not where.exists():
             raise SpecpipeError(
-                f"draft.head={path!r} does not exist: give a folder made by specpipe-train-drafter or a checkpoint folder with mtp.* tensors"
+                f"draft.head={path!r} does not exist: give a folder made by specpipe-train-drafter "
+                f"or a checkpoint folder with mtp.* tensors"
             )
         weights, source = _find_weights(where)
         if weights is not None:

@@ -176,7 +176,8 @@ class Engine:
 
                 raise SpecpipeError(
                     f"{self.info.name}: its forward does more than the LM head over the inner model's output, so "
-                    "its hidden states cannot be captured exactly; use a drafter without an MTP head (draft=model, ngram)"
+                    "its hidden states cannot be captured exactly; "
+                    "use a drafter without an MTP head (draft=model, ngram)"
                 )
             self._parts = inner, head
         return self._parts

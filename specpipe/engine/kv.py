@@ -211,7 +211,8 @@ def _require_plain_layers(cache: list, engine, option: str) -> None:
     if not any(type(c) is KVCache for c in cache):
         kinds = ", ".join(sorted({type(c).__name__ for c in cache}))
         raise SpecpipeError(
-            f"kv={option}: {engine.info.name} has no plain attention KV layers to change (its caches: {kinds}); use kv=full"
+            f"kv={option}: {engine.info.name} has no plain attention KV layers to change "
+            f"(its caches: {kinds}); use kv=full"
         )
 
 

@@ -59,7 +59,8 @@ def _task(cfg) -> None:
     except OSError as exc:
         fail(
             TOOL,
-            f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): choose another port=, or port=0 for any free one",
+            f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): "
+            f"choose another port=, or port=0 for any free one",
             EXIT_CONFIG,
         )
     host, port = str(server.server_address[0]), server.server_address[1]
@@ -73,8 +74,10 @@ def _task(cfg) -> None:
     signal.signal(signal.SIGTERM, stop)
     info = session.target.info
     print(
-        f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, budget={session.budget_label()}, {how}; "
-        f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); requests -> {out / 'requests.jsonl'}",
+        f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, "
+        f"budget={session.budget_label()}, {how}; "
+        f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); "
+        f"requests -> {out / 'requests.jsonl'}",
         file=sys.stderr,
         flush=True,
     )
@@ -99,7 +102,8 @@ def _task(cfg) -> None:
 
 
 def _worker(cfg, session, metrics):
-    """The batching worker when the target and drafter allow it, else one request at a time; and a few words saying which."""
+    """The batching worker when the target and drafter allow it, else one request at a time;
+    and a few words saying which."""
     from specpipe.batch.budget import BatchBudget, calibrate
     from specpipe.batch.decoder import BatchDecoder, refusal, session_plugins
     from specpipe.serve.batch_worker import BatchWorker

@@ -79,7 +79,8 @@ def sequences(target, files: list[Path], seq_len: int):
 
 
 def training_stream(target, files: list[Path], cfg):
-    """The sequences to train on: corpus cuts, plus (cfg.answers > 0) the target's own chat answers, mixed in a seeded order
+    """The sequences to train on: corpus cuts, plus (cfg.answers > 0) the target's own chat answers,
+    mixed in a seeded order
     so the held-out tail has both kinds. A generator: nothing is generated when precompute finds its cache."""
     n_answers = round(cfg.sequences * cfg.answers)
     if not n_answers:
@@ -209,10 +210,8 @@ def train(cfg) -> Path:
 
     loss_and_grad = nn.value_and_grad(head, make_loss(inner, lm_head, cfg.unroll, cfg.ce_weight))
     files = corpus_files(cfg.corpus, cfg.seed, cfg.max_files)
-    cached = (
-        state_dir
-        / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}{f'-answers{cfg.answers:g}' if cfg.answers else ''}.safetensors"
-    )
+    answers = f"-answers{cfg.answers:g}" if cfg.answers else ""
+    cached = state_dir / f"corpus-{cfg.seed}-{cfg.sequences}x{cfg.seq_len}{answers}.safetensors"
     log = lambda done: print(f"target hidden states: {done}/{cfg.sequences} sequences", file=sys.stderr)  # noqa: E731
     data = precompute(inner, lm_head, training_stream(target, files, cfg), cfg.sequences, cfg.chunk, cached, log)
     n = data["tokens"].shape[0]
@@ -298,7 +297,8 @@ def train(cfg) -> Path:
             },
         )
     print(
-        f"held-out top-1 agreement with the target, chained steps 1..{len(agree)}: {_pct(agree)} ({len(held)} sequences)",
+        f"held-out top-1 agreement with the target, chained steps 1..{len(agree)}: {_pct(agree)} "
+        f"({len(held)} sequences)",
         file=sys.stderr,
     )
     print(

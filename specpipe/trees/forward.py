@@ -42,9 +42,15 @@ def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> s
             "(recurrent, sliding-window or quantized): use tree=chain with this model"
         )
     if arch not in TREE_ARCHS:
-        return f"tree verification is checked for {' / '.join(TREE_ARCHS)} attention; {model_name} is {arch}: use tree=chain"
+        return (
+            f"tree verification is checked for {' / '.join(TREE_ARCHS)} attention; "
+            f"{model_name} is {arch}: use tree=chain"
+        )
     if not _rope_owners(model):
-        return f"tree verification positions nodes through each attention layer's rope, which {model_name} lacks: use tree=chain"
+        return (
+            f"tree verification positions nodes through each attention layer's rope, "
+            f"which {model_name} lacks: use tree=chain"
+        )
     return None
 
 
@@ -116,10 +122,10 @@ class _TreeRope(nn.Module):
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         # mlx's rope takes one offset per batch row: make each token its own row
-        b, h, l, d = x.shape
-        rows = x.transpose(0, 2, 1, 3).reshape(b * l, h, 1, d)
+        b, h, n, d = x.shape
+        rows = x.transpose(0, 2, 1, 3).reshape(b * n, h, 1, d)
         out = self.inner(rows, offset=mx.tile(self._positions, b))
-        return out.reshape(b, l, h, d).transpose(0, 2, 1, 3)
+        return out.reshape(b, n, h, d).transpose(0, 2, 1, 3)
 
 
 @contextmanager

@@ -81,7 +81,8 @@ def _load_packaged(name: str) -> Engine:
         usable = ", ".join(n for n in sorted(model_store.PACKAGED_MODELS) if n not in UNSUPPORTED_PACKAGED)
         raise ConfigError(
             f"model {name!r} has the {UNSUPPORTED_PACKAGED[name]} architecture, which the GGUF reader cannot build yet "
-            f"(it reads {', '.join(SUPPORTED_ARCHS)}): choose one of {usable}, or model=tiny-random model.arch={UNSUPPORTED_PACKAGED[name]}_text"
+            f"(it reads {', '.join(SUPPORTED_ARCHS)}): choose one of {usable}, "
+            f"or model=tiny-random model.arch={UNSUPPORTED_PACKAGED[name]}_text"
         )
     gguf_path = model_store.model_path(name)
     sha = model_store.PACKAGED_MODELS[name].sha256
@@ -98,7 +99,8 @@ def _load_path(path: str) -> Engine:
             if found is not None:
                 return _load_folder(found, name=path)
         raise SpecpipeError(
-            f"model.path {path!r} does not exist: give a .gguf file, a model folder, or a repo id in the local Hugging Face cache"
+            f"model.path {path!r} does not exist: give a .gguf file, a model folder, "
+            f"or a repo id in the local Hugging Face cache"
         )
     if p.is_dir():
         return _load_folder(p, name=p.name)
@@ -131,7 +133,8 @@ def _load_folder(path: Path, name: str) -> Engine:
         raise SpecpipeError(f"cannot load model folder {path}: {_first_line(exc)}") from exc
     except (RuntimeError, OSError) as exc:  # e.g. "[load_safetensors] Invalid json header length"
         raise SpecpipeError(
-            f"cannot load model folder {path}: a weight file is corrupt or incomplete ({_first_line(exc)}); copy it again"
+            f"cannot load model folder {path}: a weight file is corrupt or incomplete ({_first_line(exc)})"
+            f"; copy it again"
         ) from exc
     digest = hashlib.sha256()
     for f in sorted(path.glob("*.safetensors")):
