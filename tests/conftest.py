@@ -82,6 +82,16 @@ def make_drafter(kind: str, target: Engine, draft_engine: Engine | None = None):
     raise ValueError(kind)
 
 
+def pair_with_baseline(arch: str, max_tokens: int):
+    """A tiny target of `arch`, a noisy copy to draft with, a repetitive prompt, and the target's
+    own greedy tokens for it (draft=none): what every losslessness test compares against."""
+    target = tiny(arch)
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt("the cat sat on the mat, the cat sat on the", chat=False)
+    baseline, _, _, _ = generate(target, make_drafter("none", target), 1, prompt, max_tokens)
+    return target, draft, prompt, baseline
+
+
 def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens: int, stop_ids=None):
     """Run the pipeline; return (token ids, RunFinished, all events, pipeline)."""
     pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), TrimRollback(), GreedyBonus())

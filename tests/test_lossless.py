@@ -4,7 +4,7 @@ alone (draft=none), token for token, for every drafter and K."""
 from __future__ import annotations
 
 import pytest
-from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
+from conftest import first_difference, generate, make_drafter, pair_with_baseline
 
 KS = [1, 2, 4, 8, 16, 32]
 ARCHS = ["llama", "qwen2", "qwen3"]
@@ -13,11 +13,7 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module", params=ARCHS)
 def setup(request):
-    target = tiny(request.param)
-    draft = noisy_copy(target, scale=0.5)
-    prompt = target.encode_prompt("the cat sat on the mat, the cat sat on the", chat=False)
-    baseline, _, _, _ = generate(target, make_drafter("none", target), 1, prompt, MAX_TOKENS)
-    return target, draft, prompt, baseline
+    return pair_with_baseline(request.param, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("k", KS)

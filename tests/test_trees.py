@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
+from conftest import first_difference, make_drafter, pair_with_baseline, tiny
 
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
@@ -129,11 +129,7 @@ def tree_generate(target, drafter, shape, prompt, max_tokens, stop_ids=None):
 
 @pytest.fixture(scope="module", params=ARCHS)
 def setup(request):
-    target = tiny(request.param)
-    draft = noisy_copy(target, scale=0.5)
-    prompt = target.encode_prompt("the cat sat on the mat, the cat sat on the", chat=False)
-    baseline, _, _, _ = generate(target, make_drafter("none", target), 1, prompt, MAX_TOKENS)
-    return target, draft, prompt, baseline
+    return pair_with_baseline(request.param, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

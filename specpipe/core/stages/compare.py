@@ -81,44 +81,48 @@ def residual_distribution(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(total > 1e-12, r / mx.maximum(total, 1e-30), p)
 
 
-class RejectionComparator:
-    """Leviathan / Chen speculative sampling; lossless for any drafter."""
+class SampledComparator:
+    """What the sampling comparators share: p and q built by the same sampler, and their overlap
+    sum(min(p, q)) per position (the acceptance a rejection sampler expects there)."""
 
-    name = "rejection"
+    name: str
 
     def __init__(self, sampler):
         self.sampler = sampler
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
-        k = len(draft.token_ids)
-        if k == 0:
+        if not draft.token_ids:
             return Verdict(accepted=0, recovered_id=None)
         p, q = target_and_draft(self.sampler, draft, logits)
-        rows, ids = mx.arange(k), mx.array(draft.token_ids)
+        return self.judge(draft.token_ids, p, q, mx.sum(mx.minimum(p, q), axis=-1).tolist())
+
+    def judge(self, draft_ids: list[int], p: mx.array, q: mx.array, overlap: list[float]) -> Verdict:
+        raise NotImplementedError
+
+
+class RejectionComparator(SampledComparator):
+    """Leviathan / Chen speculative sampling; lossless for any drafter."""
+
+    name = "rejection"
+
+    def judge(self, draft_ids: list[int], p: mx.array, q: mx.array, overlap: list[float]) -> Verdict:
+        k = len(draft_ids)
+        rows, ids = mx.arange(k), mx.array(draft_ids)
         accept_prob = acceptance_probability(p[rows, ids], q[rows, ids])  # [k]
         u = mx.random.uniform(shape=(k,), key=self.sampler.key())
-        accepted, overlap = (u < accept_prob).tolist(), mx.sum(mx.minimum(p, q), axis=-1).tolist()
-        n = first_false(accepted)
+        n = first_false((u < accept_prob).tolist())
         recovered = None
         if n < k:
             recovered = int(self.sampler.sample(residual_distribution(p[n : n + 1], q[n : n + 1])).item())
         return Verdict(accepted=n, recovered_id=recovered, overlap=overlap)
 
 
-class MatchComparator:
+class MatchComparator(SampledComparator):
     """mlx-lm's rule: sample the target at each position, accept on equality."""
 
     name = "match"
 
-    def __init__(self, sampler):
-        self.sampler = sampler
-
-    def compare(self, draft: Draft, logits: mx.array) -> Verdict:
-        k = len(draft.token_ids)
-        if k == 0:
-            return Verdict(accepted=0, recovered_id=None)
-        p, q = target_and_draft(self.sampler, draft, logits)
+    def judge(self, draft_ids: list[int], p: mx.array, q: mx.array, overlap: list[float]) -> Verdict:
         target_ids = self.sampler.sample(p).tolist()
-        overlap = mx.sum(mx.minimum(p, q), axis=-1).tolist()
-        n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
-        return Verdict(accepted=n, recovered_id=target_ids[n] if n < k else None, overlap=overlap)
+        n = first_false([t == d for t, d in zip(target_ids, draft_ids)])
+        return Verdict(accepted=n, recovered_id=target_ids[n] if n < len(draft_ids) else None, overlap=overlap)
