@@ -11,7 +11,6 @@ whole line and, where it fits, the summary. Raises SpecpipeError for bad input.
 from __future__ import annotations
 
 import platform
-import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -20,6 +19,7 @@ import msgspec
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe import signals
+from specpipe.engine.device import device
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
 from specpipe.metrics import StatsCollector
@@ -166,26 +166,3 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "unknown"
     return out
-
-
-def device() -> dict[str, str]:
-    import mlx.core as mx
-
-    info = {"mlx_device": str(mx.default_device()), "machine": platform.machine(), "system": platform.system()}
-    try:
-        from specpipe.engine.load.blas import blas_info
-
-        blas = blas_info()
-        info["blas"] = blas.name
-        if blas.path:
-            info["blas_path"] = blas.path
-    except ImportError:
-        pass
-    if sys.platform == "linux":
-        try:
-            info["cpu"] = next(
-                line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
-            )
-        except (OSError, StopIteration):
-            pass
-    return info

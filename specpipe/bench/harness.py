@@ -91,8 +91,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from specpipe.bench.measure import measure_mlx_lm, measure_specpipe
     from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite
     from specpipe.config_groups import group_option
+    from specpipe.engine.device import device
     from specpipe.errors import SpecpipeError
-    from specpipe.runner import device, versions
+    from specpipe.runner import versions
     from specpipe.session import Session
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))

@@ -31,7 +31,7 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     from specpipe.cli.shell import hydra_output_dir
     from specpipe.config_groups import with_group
     from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
-    from specpipe.runner import device
+    from specpipe.engine.device import device
     from specpipe.session import Session
 
     cfg = with_group(cfg, "budget", "fixed")  # calibration measures; it needs no budget of its own

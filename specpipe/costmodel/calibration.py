@@ -23,15 +23,8 @@ QUICK_POINTS = [1, 2, 3, 5, 9, 17, 33]
 CONTEXT = 128  # cache length the timings are taken at: a typical mid-answer position
 
 
-def weight_bytes(*modules) -> int:
-    """Bytes of the parameters of `modules` (what one decode step reads through them)."""
-    from mlx.utils import tree_flatten
-
-    return sum(a.nbytes for m in modules for _, a in tree_flatten(m.parameters()))
-
-
 def calibration_key(engine) -> str:
-    from specpipe.runner import device
+    from specpipe.engine.device import device
 
     dev = device()
     # the name too: a layer-skip view shares the target's file hash but not its cost

@@ -16,7 +16,7 @@ import mlx.nn as nn
 import msgspec
 from mlx_lm.models.base import create_attention_mask
 
-from specpipe.costmodel.calibration import weight_bytes
+from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.model import ModelDrafter
 from specpipe.engine.engine import Engine
 from specpipe.engine.introspect import LLAMA_LIKE as WORKS_ON

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import KVCache
 
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
-from specpipe.costmodel.calibration import weight_bytes
+from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.drafters.hidden_tape import HiddenTape
 from specpipe.drafters.mtp_head import load_head
