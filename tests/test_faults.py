@@ -457,6 +457,7 @@ def test_unsupported_packaged_model_is_refused_before_download(tmp_path, monkeyp
     [
         ("+budget.kk=3", "unknown config key 'budget.kk'"),
         ("budget.k=40", "budget.k=40 is out of range"),
+        ("draft.max_n=1000000000000", "draft.max_n=1000000000000 is out of range"),  # a table per n: was an OOM
         ("sampling.seed=-1", "sampling.seed=-1 is out of range"),
         (f"sampling.seed={2**64}", f"sampling.seed={2**64} is out of range"),
         ("sampling.temperature=nan", "sampling.temperature=nan is not a finite number"),

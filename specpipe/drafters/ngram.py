@@ -20,6 +20,8 @@ from specpipe.core.stages.draft import Draft
 from specpipe.drafters.ngram_index import NgramIndex
 from specpipe.errors import SpecpipeError
 
+MAX_N = 64  # the longest n-gram indexed: one table per n, and no match is longer in practice
+
 
 class NgramDrafter(DrafterBase):
     name = "ngram"
@@ -28,6 +30,8 @@ class NgramDrafter(DrafterBase):
     def __init__(self, min_n: int = 1, max_n: int = 4, window: int | None = None):
         if not 1 <= min_n <= max_n:
             raise SpecpipeError(f"draft.min_n={min_n}, draft.max_n={max_n}: need 1 <= min_n <= max_n")
+        if max_n > MAX_N:  # the index keeps a table per n: an absurd max_n would exhaust memory before any step
+            raise SpecpipeError(f"draft.max_n={max_n} is out of range: match at most {MAX_N} tokens (draft.max_n=4)")
         self.min_n, self.max_n, self.window = min_n, max_n, window
         self._index = NgramIndex(min_n, max_n)
 
