@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from specpipe.events import Emitted, RunFinished, RunStarted
 from tests.test_server import Server, open_stream
 from tests.test_tui import answers, wait_for
 from tui.app import ChatApp
+from tui.cli import parse_flags, web_command
 from tui.server_source import ServerSource, ServerUnavailable, check_server, parse_url
 
 # Repetitive text gives the ngram drafter something to accept, so from_draft is not always 0.
@@ -71,8 +73,9 @@ def test_events_follow_the_servers_answer_and_draft_flags(server):
     assert sum(e.from_draft for e in emitted) == finished.stats.accepted > 0  # the repetition was drafted
 
 
-def test_a_stop_ends_the_answer_with_what_was_shown(server):
-    source = ServerSource(server.base, check_server(server.base))
+def test_a_stop_ends_the_answer_and_frees_the_servers_slot(server):
+    # A long answer (4000 tokens of the tiny model take seconds): the stop lands while the server still streams.
+    source = ServerSource(server.base, check_server(server.base), max_tokens=4000)
     control = SimpleNamespace(stop_requested=False)
     events = []
     for event in source.generate([{"role": "user", "content": PROMPT}], control):
@@ -83,6 +86,10 @@ def test_a_stop_ends_the_answer_with_what_was_shown(server):
     assert len(emitted) == 1
     assert isinstance(events[-1], RunFinished) and events[-1].stop_reason == "stopped"
     assert events[-1].text == emitted[0].text
+    deadline = time.monotonic() + 30
+    while "client_disconnected" not in (server.log.read_text() if server.log.exists() else ""):
+        assert time.monotonic() < deadline, "the server did not see the client leave"
+        time.sleep(0.1)
 
 
 async def test_the_app_chats_through_the_server_with_drafts_highlighted(server):
@@ -118,6 +125,12 @@ def test_bad_serve_urls_are_one_line_and_exit_2(argv, words):
     result = subprocess.run([sys.executable, "-m", "tui.cli", *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+
+def test_serve_url_is_a_chat_flag_and_travels_to_the_web_command():
+    flags = parse_flags(["--web", "serve.url=http://127.0.0.1:8000"])
+    assert flags.serve_url == "http://127.0.0.1:8000" and flags.rest == []
+    assert web_command(flags).endswith("-m tui.cli serve.url=http://127.0.0.1:8000")
 
 
 def test_parse_url_names_host_and_port():
