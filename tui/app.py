@@ -205,8 +205,8 @@ class ChatApp(App):
             return f"reading the prompt ({len(event.prompt_ids)} tokens)..."
         if isinstance(event, PrefillProgress):
             return f"reading the prompt ({event.tokens}/{event.total} tokens)..."
-        if isinstance(event, PrefillDone):
-            return ""
+        if isinstance(event, (PrefillDone, Emitted)):
+            return ""  # a server's stream has no PrefillDone: its first text ends the prompt's reading
         if isinstance(event, RunFinished):
             return f"[{event.stop_reason}]" if event.stop_reason != "eos" else ""
         if isinstance(event, RunError):

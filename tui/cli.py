@@ -8,6 +8,8 @@ as the first message. `--replay PATH/events.jsonl [--speed X]` plays a
 recorded run back without loading any model (X=1: recorded pace, 0: instant).
 `--resume PATH` draws a saved chat (Ctrl+S) or a recording and continues it
 live with the recorded config (`key=value` overrides change values in it).
+`serve.url=http://127.0.0.1:8000` chats with a running `specpipe-serve` instead of
+loading a model (its model, drafter and K; checked at start: exit 2 if unreachable).
 `--web [--port N]` serves any of these in a browser at http://127.0.0.1:N
 (textual-serve; one app process per browser tab, bound to localhost only).
 """
@@ -32,6 +34,7 @@ class Flags:
     resume: str | None = None
     web: bool = False
     port: int = DEFAULT_PORT
+    serve_url: str | None = None  # chat with a running specpipe-serve
     rest: list[str] = field(default_factory=list)  # Hydra overrides
 
 
@@ -42,6 +45,8 @@ def main() -> None:
         _fail(str(exc), EXIT_CONFIG)
     if flags.web:
         _serve(flags)
+    elif flags.serve_url is not None:
+        _chat_server(flags.serve_url)
     elif flags.replay is not None:
         if flags.rest:
             print(f"specpipe-chat: replay ignores the overrides {' '.join(flags.rest)}", file=sys.stderr)
@@ -65,6 +70,8 @@ def parse_flags(argv: list[str]) -> Flags:
         name, eq, value = arg.partition("=")
         if name == "--web":
             flags.web = True
+        elif name in ("serve.url", "+serve.url") and eq:
+            flags.serve_url = value
         elif name in ("--replay", "--speed", "--resume", "--port"):
             if not eq:
                 if i + 1 >= len(argv):
@@ -85,6 +92,11 @@ def parse_flags(argv: list[str]) -> Flags:
         raise ValueError("--speed only applies to --replay PATH/events.jsonl")
     if flags.replay is not None and flags.resume is not None:
         raise ValueError("give --replay (watch a recording) or --resume (continue it), not both")
+    if flags.serve_url is not None and (flags.replay or flags.resume or flags.rest):
+        extra = " ".join(flags.rest) or "--replay/--resume"
+        raise ValueError(
+            f"serve.url chats with the server's own model and config: drop {extra} (or start specpipe-serve with it)"
+        )
     if "--port" in values:
         if not flags.web:
             raise ValueError("--port only applies to --web")
@@ -107,6 +119,7 @@ USAGE = """\
 specpipe-chat [overrides]                      chat with the composed config (as specpipe)
 specpipe-chat --replay FILE [--speed X]        play a recording (events.jsonl, or a chat saved with Ctrl+S)
 specpipe-chat --resume FILE [key=value ...]    continue a recorded chat with its config
+specpipe-chat serve.url=http://127.0.0.1:8000   chat with a running specpipe-serve
 specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://127.0.0.1:N (default 8000)
 """
 
@@ -167,6 +180,23 @@ def _replay(path: str, speed: float) -> None:
         sys.exit(app.return_code)
 
 
+def _chat_server(url: str) -> None:
+    """Chat with a running specpipe-serve; an unusable URL or server is one line and exit 2, before the app."""
+    from tui.server_source import ServerSource, ServerUnavailable, check_server
+
+    try:
+        model = check_server(url)
+    except ServerUnavailable as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    from tui.app import ChatApp
+
+    source = ServerSource(url, model)
+    app = ChatApp(source, title=f"{model} | server {source.url}")
+    app.run()
+    if app.return_code:
+        sys.exit(app.return_code)
+
+
 def _resume(path: str, overrides: list[str]) -> None:
     from datetime import datetime
     from pathlib import Path
@@ -204,6 +234,13 @@ def _serve(flags: Flags) -> None:
     """Check the arguments here (one-line errors, exit 2), then serve; each browser tab runs its own app."""
     if flags.replay is not None:
         _read(flags.replay)
+    elif flags.serve_url is not None:
+        from tui.server_source import ServerUnavailable, check_server
+
+        try:
+            check_server(flags.serve_url)
+        except ServerUnavailable as exc:
+            _fail(str(exc), EXIT_CONFIG)
     elif flags.resume is not None:
         try:
             recorded_config(_read(flags.resume), flags.rest)
@@ -242,6 +279,8 @@ def web_command(flags: Flags) -> str:
         argv += ["--replay", flags.replay, "--speed", f"{flags.speed:g}"]
     if flags.resume is not None:
         argv += ["--resume", flags.resume]
+    if flags.serve_url is not None:
+        argv += [f"serve.url={flags.serve_url}"]
     return shlex.join(argv + flags.rest)
 
 

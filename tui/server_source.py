@@ -1,0 +1,211 @@
+"""ServerSource: the chat app's answers come from a running `specpipe-serve`, not a local model.
+
+Same interface as `LiveSource` (`generate(messages, control) -> Iterator[Event]`, `decode`,
+`special`, `k`, `config_yaml`, `replay = False`). Each answer is one streamed POST to
+`/v1/chat/completions` (stdlib `http.client`, no new dependency); its SSE chunks become
+specpipe events: RunStarted, one Emitted per chunk (`from_draft` is the chunk's
+`specpipe.from_draft`, so the app highlights accepted drafts), RunFinished with the text and
+the final chunk's usage / `specpipe` figures where they fit RunStats. A server error mid-answer
+becomes RunError then RunFinished(stop_reason="error"), keeping what was shown.
+
+The server sends text, not token ids: Emitted.token_ids holds one `UNKNOWN_ID` per token the
+chunk took (so counts stay right) and `decode` is None. A chunk that mixes accepted drafts
+and target tokens is highlighted as one span (transcript.split_text's approximation).
+A stop request (`control.stop_requested`) shuts the socket: the server sees the client leave
+and frees the batch slot at its next step. `check_server(url)` is the start-up check
+(`/v1/models`): one actionable line when the server cannot be used.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import msgspec
+
+from specpipe.events import Emitted, Event, ModelInfo, RunError, RunFinished, RunStarted, RunStats
+from tui.transcript import SPECIAL
+
+UNKNOWN_ID = -1  # the server streams text only; one of these per token keeps the token counts
+CHECK_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 600.0  # a long prefill on a busy server sends nothing for a while
+STOP_POLL_S = 0.05
+_STATS_FIELDS = set(RunStats.__struct_fields__)
+
+
+class ServerUnavailable(ValueError):
+    """The server cannot be used; the message is one line that says what to do."""
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """(host, port) of an http:// URL. Raises ServerUnavailable for anything else."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = -1
+    if parts.scheme != "http" or not parts.hostname or port < 1 or parts.path.strip("/"):
+        raise ServerUnavailable(f"serve.url={url!r}: give the server's base URL, e.g. http://127.0.0.1:8000")
+    return parts.hostname, port
+
+
+def check_server(url: str, timeout: float = CHECK_TIMEOUT_S) -> str:
+    """The served model's name, read from `/v1/models`. Raises ServerUnavailable (one line)."""
+    parse_url(url)
+    hint = "start `specpipe-serve` or fix serve.url"
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
+            data = json.loads(resp.read())
+        return str(data["data"][0]["id"])
+    except urllib.error.HTTPError as exc:
+        raise ServerUnavailable(f"{url} answered {exc.code} on /v1/models: is it a specpipe-serve? {hint}") from None
+    except urllib.error.URLError as exc:
+        reason = getattr(exc.reason, "strerror", None) or str(exc.reason)
+        raise ServerUnavailable(f"cannot reach {url} ({reason.lower()}): {hint}") from None
+    except (OSError, TimeoutError) as exc:
+        raise ServerUnavailable(f"cannot reach {url} ({exc or type(exc).__name__}): {hint}") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ServerUnavailable(f"{url}/v1/models did not list a model: is it a specpipe-serve? {hint}") from None
+
+
+class ServerSource:
+    """Answers from a `specpipe-serve` at `url` (its model, drafter and K are the server's).
+
+    Args:
+        url: the server's base URL, e.g. http://127.0.0.1:8000.
+        model: the served model's name (from `check_server`), shown in RunStarted.
+        max_tokens: sent with each request; None leaves the server's default.
+    """
+
+    replay = False
+    decode = None  # no tokenizer here: the server sends text
+    special = SPECIAL
+    k = None  # the server's budget; K changes do not travel over the API
+
+    def __init__(self, url: str, model: str, max_tokens: int | None = None):
+        self.host, self.port = parse_url(url)
+        self.url, self.model, self.max_tokens = url.rstrip("/"), model, max_tokens
+        self.config_yaml = f"serve:\n  url: {self.url}\n  model: {model}\n"
+
+    def generate(self, messages: list[dict], control) -> Iterator[Event]:
+        start = time.monotonic()
+        yield RunStarted(
+            target=ModelInfo(name=self.model, source="server", arch="", precision=""),
+            drafter="server",
+            budget="server",
+            rollback="server",
+            compare="server",
+            prompt_text=messages[-1]["content"],
+            max_tokens=self.max_tokens or 0,
+            config_yaml=self.config_yaml,
+        )
+        body: dict = {"messages": messages, "stream": True}
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=READ_TIMEOUT_S)
+        done = threading.Event()
+        texts: list[str] = []
+        ids: list[int] = []
+        final: dict = {}
+        error = ""
+        try:
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                error = f"the server answered {resp.status}: {_error_message(resp.read())}"
+            else:
+                threading.Thread(target=_close_on_stop, args=(conn, control, done), daemon=True).start()
+                for chunk in _sse_chunks(resp):
+                    if "error" in chunk:
+                        error = _error_message(json.dumps(chunk).encode())
+                        break
+                    piece = chunk.get("choices", [{}])[0].get("delta", {}).get("content")
+                    figures = chunk.get("specpipe") or {}
+                    if piece:
+                        tokens = int(figures.get("tokens") or 1)
+                        texts.append(piece)
+                        ids += [UNKNOWN_ID] * tokens
+                        yield Emitted(
+                            t=time.monotonic() - start,
+                            step=len(texts) - 1,
+                            token_ids=[UNKNOWN_ID] * tokens,
+                            text=piece,
+                            from_draft=min(int(figures.get("from_draft") or 0), tokens),
+                        )
+                    if "usage" in chunk:
+                        final = chunk
+                    if control.stop_requested:
+                        break  # chunks already read stay unshown: the stop lands at once
+        except (OSError, http.client.HTTPException) as exc:
+            if not control.stop_requested:
+                error = f"lost the server at {self.url} ({exc or type(exc).__name__})"
+        finally:
+            done.set()
+            conn.close()
+        t = time.monotonic() - start
+        if not (error or final or control.stop_requested):
+            error = f"the stream from {self.url} ended before its last chunk"
+        if error:
+            yield RunError(t=t, message=error)
+        reason = "error" if error else "stopped" if control.stop_requested else _reason(final)
+        yield RunFinished(t=t, stop_reason=reason, token_ids=ids, text="".join(texts), stats=_stats(final, t))
+
+    def close(self) -> None:
+        pass  # nothing held between answers: each one is its own connection
+
+
+def _close_on_stop(conn: http.client.HTTPConnection, control, done: threading.Event) -> None:
+    """Shut the socket once a stop is asked: the blocked read ends and the server frees the slot."""
+    while not done.wait(STOP_POLL_S):
+        if control.stop_requested:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed by the other side
+            return
+
+
+def _sse_chunks(resp) -> Iterator[dict]:
+    """The JSON objects of an SSE stream's `data:` lines, until `[DONE]` or the end."""
+    for raw in resp:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw)["error"]["message"]).splitlines()[0]
+    except (ValueError, KeyError, TypeError):
+        return raw.decode("utf-8", "replace").strip().splitlines()[0] if raw.strip() else "no message"
+
+
+def _reason(final: dict) -> str:
+    """OpenAI's finish_reason as a specpipe stop_reason: `stop` is EOS or a stop string, `length` max_tokens."""
+    reason = final.get("choices", [{}])[0].get("finish_reason")
+    return {"stop": "eos", "length": "max_tokens"}.get(reason, reason or "eos")
+
+
+def _stats(final: dict, wall_s: float) -> RunStats:
+    """RunStats from the last chunk's usage and `specpipe` figures (the fields RunStats has)."""
+    usage = final.get("usage") or {}
+    figures = {k: v for k, v in (final.get("specpipe") or {}).items() if k in _STATS_FIELDS}
+    figures.setdefault("steps", figures.get("target_forwards", 0))  # one target forward per batch step
+    figures |= {"prompt_tokens": usage.get("prompt_tokens", 0), "generated_tokens": usage.get("completion_tokens", 0)}
+    try:
+        return msgspec.convert({**figures, "wall_s": wall_s}, RunStats)
+    except msgspec.ValidationError:  # a server of another version: keep the counts at least
+        return RunStats(wall_s=wall_s, **{k: figures[k] for k in ("prompt_tokens", "generated_tokens")})
