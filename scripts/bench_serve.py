@@ -27,7 +27,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-SUITE = Path(__file__).resolve().parent.parent / "specpipe" / "suites" / "code.jsonl"
+SUITE = Path(__file__).resolve().parent.parent / "specpipe" / "bench" / "suites" / "code.jsonl"
 
 
 def start_server(overrides: list[str], max_batch: int) -> tuple[subprocess.Popen, str]:

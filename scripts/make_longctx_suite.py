@@ -83,7 +83,7 @@ def main() -> None:
                 print(f"{suite}: longctx-{label}-{where}: {count(prompt)} tokens (chat template included)")
             if suite == "longctx-32k":
                 rows.pop(-2)  # one question per size (the late one): the file stays small
-        path = ROOT / "specpipe" / "suites" / f"{suite}.jsonl"
+        path = ROOT / "specpipe" / "bench" / "suites" / f"{suite}.jsonl"
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 

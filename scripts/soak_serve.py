@@ -27,7 +27,9 @@ from pathlib import Path
 
 PROMPTS = [
     json.loads(line)["prompt"]
-    for line in (Path(__file__).resolve().parent.parent / "specpipe" / "suites" / "code.jsonl").read_text().splitlines()
+    for line in (Path(__file__).resolve().parent.parent / "specpipe" / "bench" / "suites" / "code.jsonl")
+    .read_text()
+    .splitlines()
     if line.strip()
 ][:6]
 

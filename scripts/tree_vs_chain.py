@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--only", nargs="*", help="configuration names to run (plain is always run)")
     a = ap.parse_args()
     target = load_engine("smollm2-135m", precision="float32")
-    suite = Path(__file__).resolve().parents[1] / "specpipe" / "suites" / f"{a.suite}.jsonl"
+    suite = Path(__file__).resolve().parents[1] / "specpipe" / "bench" / "suites" / f"{a.suite}.jsonl"
     prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][: a.limit]
     names = [n for n in CONFIGS if n == "plain" or not a.only or n in a.only]
     run(target, "plain", None, target.encode_prompt("warm up", chat=True), 8)

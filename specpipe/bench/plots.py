@@ -1,6 +1,6 @@
 """PNG plots of summarized benchmark configurations (matplotlib, Agg backend).
 
-Contract: `draw_all(summaries, out_dir)` takes bench_report.summarize()
+Contract: `draw_all(summaries, out_dir)` takes report.summarize()
 outputs and writes speed-up vs K per suite, acceptance by draft position,
 the inter-token latency CDF and peak memory vs K; it returns the file paths.
 Never imports mlx.

@@ -1,6 +1,6 @@
 """`specpipe-bench-report DIR`: the results JSONL of a run or sweep folder ->
 `DIR/report.md` with summary tables, per-prompt tables, token-match flags and
-PNG plots (bench_plots.py).
+PNG plots (plots.py).
 
 Contract: reads only the JSONL (every `bench.jsonl` under DIR, or DIR itself
 when it is a file); never imports mlx. Aggregates are pooled over prompts:

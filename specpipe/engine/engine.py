@@ -5,7 +5,7 @@ Contract: stages hand it token ids, a cache and what to capture, and get a
 final hidden states and per-position recurrent states only when asked
 (`Capture`). Without a capture a forward is the plain mlx-lm call and
 nothing else. It knows nothing of drafting, verification or GGUF files;
-loaders (engine/loader.py) build it, stages only call it.
+loaders (engine/load/loader.py) build it, stages only call it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from specpipe.engine.load.build import apply_precision, build_model, weight_dtyp
 from specpipe.errors import ConfigError, SpecpipeError
 
 TINY = "tiny-random"
-# Packaged models whose architecture engine/gguf.py cannot build yet: refused before downloading them.
+# Packaged models whose architecture engine/load/gguf.py cannot build yet: refused before downloading them.
 UNSUPPORTED_PACKAGED = {"gemma3-270m": "gemma3"}
 
 
@@ -40,7 +40,7 @@ def load_engine(
         name: a packaged model name (`specpipe-models list`) or "tiny-random".
         path: a GGUF file, an mlx-lm / Hugging Face model folder, or a
             Hugging Face repo id found in the local HF cache. Wins over `name`.
-        precision: weight precision (see engine/build.py PRECISIONS).
+        precision: weight precision (see engine/load/build.py PRECISIONS).
         arch, seed, tiny: for "tiny-random": mlx-lm model_type, weight seed,
             config overrides.
     """
