@@ -23,7 +23,7 @@ from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.stages.compare import first_false
 from specpipe.core.stages.draft import Draft
 from specpipe.core.stages.verify import verify
-from specpipe.engine.engine import Capture
+from specpipe.engine.engine import Capture, joined_rows
 from specpipe.engine.kv import kv_figures
 from specpipe.events import (
     BudgetDecision,
@@ -124,10 +124,7 @@ class SpeculativePipeline:
             target_s, s = time.perf_counter() - s, time.perf_counter()
             self.drafter.prefill(context)
             if wants_hidden:
-                hidden = (
-                    (mx.concatenate(hidden_rows) if len(hidden_rows) != 1 else hidden_rows[0]) if hidden_rows else None
-                )
-                self.drafter.observe_hidden(0, context[:-1], hidden)
+                self.drafter.observe_hidden(0, context[:-1], joined_rows(hidden_rows))
             yield emit(
                 PrefillDone(
                     t=clock(),

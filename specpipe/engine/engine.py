@@ -133,9 +133,7 @@ class Engine:
         hidden: list[mx.array] = []
         for _ in self.prefill_steps(token_ids, cache, capture, hidden):
             pass
-        if not hidden:
-            return None
-        return mx.concatenate(hidden) if len(hidden) != 1 else hidden[0]
+        return joined_rows(hidden)
 
     def prefill_steps(
         self, token_ids: list[int], cache: list, capture: Capture | None = None, hidden: list | None = None
@@ -228,6 +226,13 @@ class Engine:
                 f"the prompt is {n_prompt} tokens but {self.info.name}'s context is {limit} tokens: "
                 "shorten the prompt, or use a model with a longer context"
             )
+
+
+def joined_rows(chunks: list) -> mx.array | None:
+    """Per-chunk [n_i, hidden] rows (prefill_steps' `hidden`) as one [sum n_i, hidden] array; None if empty."""
+    if not chunks:
+        return None
+    return mx.concatenate(chunks) if len(chunks) != 1 else chunks[0]
 
 
 def _model_arg(model, name: str) -> int | None:
