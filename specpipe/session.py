@@ -53,15 +53,10 @@ class Session:
         )
         self.budget.prepare(self.target, self.drafter)  # budget=auto calibrates here (timed once per device, cached)
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
+        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler)
         self.comparator: Comparator
         self.bonus: Bonus
-        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler)
-        if self.sampler.greedy:
-            # every rule reduces to argmax comparison at temperature 0
-            self.comparator, self.bonus = GreedyComparator(), GreedyBonus()
-        else:
-            self.comparator = build_plugin(cfg.compare, "compare", sampler=self.sampler)
-            self.bonus = SampledBonus(sampler=self.sampler)
+        self.comparator, self.bonus = comparator_and_bonus(cfg, self.sampler)
         engine = self.drafter.engine
         self.draft_info = engine.info if engine is not None and engine is not self.target else None
 
@@ -125,6 +120,14 @@ def configure_engine(engine, kv, cfg: DictConfig):
     engine.kv = kv
     engine.prefill_chunk = cfg.prefill.chunk if cfg.get("prefill") else engine.prefill_chunk
     return engine
+
+
+def comparator_and_bonus(cfg: DictConfig, sampler: Sampler) -> tuple[Comparator, Bonus]:
+    """The compare group's comparator and a sampled bonus; at temperature 0 every rule reduces to
+    argmax comparison, so greedy ones."""
+    if sampler.greedy:
+        return GreedyComparator(), GreedyBonus()
+    return build_plugin(cfg.compare, "compare", sampler=sampler), SampledBonus(sampler=sampler)
 
 
 def check_supported(cfg: DictConfig) -> None:

@@ -45,9 +45,7 @@ def session_plugins(session):
     """(seed, temperature=, top_p=) -> (drafter, comparator, bonus, greedy): what `Session` builds,
     fresh for each row; None keeps the server's configured value."""
     from specpipe.core.sampling import Sampler
-    from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
-    from specpipe.core.stages.compare import GreedyComparator
-    from specpipe.session import build_plugin
+    from specpipe.session import build_plugin, comparator_and_bonus
 
     cfg = session.cfg
 
@@ -61,9 +59,8 @@ def session_plugins(session):
             s.seed if seed is None else seed,
         )
         drafter = build_plugin(cfg.draft, "draft", target=session.target, load=None, sampler=sampler)
-        if sampler.greedy:
-            return drafter, GreedyComparator(), GreedyBonus(), True
-        return drafter, build_plugin(cfg.compare, "compare", sampler=sampler), SampledBonus(sampler=sampler), False
+        comparator, bonus = comparator_and_bonus(cfg, sampler)
+        return drafter, comparator, bonus, sampler.greedy
 
     return plugins
 
