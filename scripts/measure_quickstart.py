@@ -1,10 +1,11 @@
-"""The README's first command (`specpipe` on the embedded SmolLM2) with MLX's reference BLAS and
-with the BLAS specpipe loads by default, interleaved in one sitting; prints medians and ratios.
+"""The README's first command (`specpipe` on the embedded SmolLM2) with several BLAS choices,
+interleaved in one sitting; prints medians and ratios to the first side.
 
-    python scripts/measure_quickstart.py [repeats]
+    python scripts/measure_quickstart.py [repeats] [side ...]
 
-Each run is a fresh `specpipe` process (as a user runs it), SPECPIPE_BLAS=none for the reference
-side. Figures come from each run's summary.json (decode tok/s, TTFT).
+Sides are SPECPIPE_BLAS values ("none" = MLX's reference BLAS, "mkl", "openblas", a path) or
+"default" (what a user gets); the default sides are `none default`. Each run is a fresh `specpipe`
+process (as a user runs it). Figures come from each run's summary.json (decode tok/s, TTFT).
 """
 
 from __future__ import annotations
@@ -41,24 +42,27 @@ def one(blas: str | None, folder: Path) -> dict:
 
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    runs: dict[str, list[dict]] = {"reference": [], "default": []}
+    sides = sys.argv[2:] or ["none", "default"]
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        one(None, folder)  # untimed: fills any calibration cache and the page cache
+        for side in sides:  # untimed: fills any calibration cache and the page cache
+            one(None if side == "default" else side, folder)
         for r in range(repeats):
-            order = [("reference", "none"), ("default", None)]
-            for name, blas in order if r % 2 == 0 else order[::-1]:
-                runs[name].append(one(blas, folder))
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                runs[side].append(one(None if side == "default" else side, folder))
     med = {n: {k: statistics.median(x[k] for x in rs) for k in ("decode_tok_s", "ttft_s")} for n, rs in runs.items()}
     for n, rs in runs.items():
         print(
-            f"{n:9} BLAS {rs[0]['blas']:9} decode {med[n]['decode_tok_s']:6.1f} tok/s  TTFT {med[n]['ttft_s']:.2f} s  "
+            f"{n[-20:]:20} BLAS {rs[0]['blas']:9} decode {med[n]['decode_tok_s']:6.1f} tok/s  TTFT {med[n]['ttft_s']:.2f} s  "
             "(runs: " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in rs) + ")"
         )
-    print(
-        f"default / reference: decode {med['default']['decode_tok_s'] / med['reference']['decode_tok_s']:.2f}x, "
-        f"TTFT {med['default']['ttft_s'] / med['reference']['ttft_s']:.2f}x"
-    )
+    first = sides[0]
+    for n in sides[1:]:
+        print(
+            f"{n} / {first}: decode {med[n]['decode_tok_s'] / med[first]['decode_tok_s']:.2f}x, "
+            f"TTFT {med[n]['ttft_s'] / med[first]['ttft_s']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ def device() -> dict[str, str]:
         info["blas"] = blas.name
         if blas.path:
             info["blas_path"] = blas.path
+        if blas.threads:
+            info["blas_threads"] = str(blas.threads)
     except ImportError:
         pass
     if sys.platform == "linux":

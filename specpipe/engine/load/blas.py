@@ -1,8 +1,11 @@
 """Load an optimised BLAS into the process before MLX's Linux CPU backend binds its reference BLAS.
 
-Call `preload_blas()` before the first `import mlx.core`: on Linux it dlopens OpenBLAS (Debian /
-Ubuntu / Fedora paths) or the PyPI `mkl` wheel with RTLD_GLOBAL, so MLX's GEMM calls resolve to it
-(15-25x faster). It never raises, never imports mlx, does nothing on macOS, and is idempotent.
+Call `preload_blas()` before the first `import mlx.core`: on Linux it dlopens, with RTLD_GLOBAL so
+MLX's GEMM calls resolve to it (15-25x faster), the first of: a system OpenBLAS (Debian / Ubuntu /
+Fedora paths), the OpenBLAS of the PyPI `scipy-openblas32` wheel (pip_openblas.py), the PyPI `mkl`
+wheel. OpenBLAS comes first because its few-row GEMM is what a verify forward runs: T(17)/T(1) is
+1.8 with it and 2.8 with MKL on the CPUs measured (docs/benchmarks.md). It never raises, never
+imports mlx, does nothing on macOS, and is idempotent.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ class BlasInfo:
     name: str
     path: str | None
     notice: str | None
+    threads: int | None = None  # as the library reports it; None when unknown (reference, Accelerate)
 
 
 _HOW_TO_GET = (
-    "install one for 15-25x faster CPU matmul: `pip install mkl` (x86_64; `pip install -e .` brings it) "
+    "install one for 15-25x faster CPU matmul: `pip install scipy-openblas32 lief` (`pip install -e .` brings them) "
     "or `apt-get install libopenblas0-pthread` (Debian/Ubuntu)"
 )
 
@@ -100,8 +104,29 @@ def _mkl_threading_layer(path: str) -> str:
     return "SEQUENTIAL"
 
 
+def _openblas_threads() -> int:
+    """Threads for OpenBLAS: the cores other processes leave idle now (1-minute load), at least one.
+
+    OpenBLAS's pthread workers wait for each other at every GEMM; when another process holds a core, the
+    worker scheduled out stalls the rest. On this 2-core VM with a load average of 8, two threads decoded
+    SmolLM2 at 0.8-2.6 tok/s and one thread at 15-16 tok/s; on an idle machine both cores are faster
+    (docs/benchmarks.md). Read by OpenBLAS at load time, like make's `-l`.
+    """
+    cores = os.cpu_count() or 1
+    try:
+        busy = round(os.getloadavg()[0])
+    except OSError:
+        busy = 0
+    return max(1, min(cores, cores - busy))
+
+
 def _try_load(path: str, name: str) -> BlasInfo | str:
     """dlopen `path` globally; return BlasInfo on success, else a one-line reason."""
+    chosen_threads = name == "openblas" and not any(
+        v in os.environ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+    )
+    if chosen_threads:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(_openblas_threads())
     if name == "openblas" and "OPENBLAS_CORETYPE" not in os.environ:
         # Read once by OpenBLAS's constructor at dlopen: must be in the environment before loading.
         core = _openblas_coretype()
@@ -119,11 +144,16 @@ def _try_load(path: str, name: str) -> BlasInfo | str:
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
         return f"could not load {path}: {str(exc).splitlines()[0]}"
+    finally:
+        if chosen_threads:
+            # OpenBLAS has read it; a child process (a server, a test's run) judges its own moment.
+            del os.environ["OPENBLAS_NUM_THREADS"]
     if not hasattr(lib, "cblas_sgemm"):
         # A BLAS without the C interface would load fine but MLX would keep calling its own.
         return f"{path} has no cblas_sgemm"
     _handles.append(lib)
-    return BlasInfo(name, path, None)
+    get_threads = getattr(lib, "openblas_get_num_threads", None) or getattr(lib, "mkl_get_max_threads", None)
+    return BlasInfo(name, path, None, int(get_threads()) if get_threads else None)
 
 
 def _first(paths: list[str], name: str) -> BlasInfo | None:
@@ -134,6 +164,17 @@ def _first(paths: list[str], name: str) -> BlasInfo | None:
         if isinstance(got, BlasInfo):
             return got
     return None
+
+
+def _pip_openblas() -> BlasInfo | None:
+    """OpenBLAS from the `scipy-openblas32` wheel, through its plain-named copy (pip_openblas.py)."""
+    from specpipe.engine.load.pip_openblas import unprefixed_library
+
+    path = unprefixed_library()
+    if isinstance(path, str):
+        return None  # no wheel, no LIEF, or no writable cache: MKL is next
+    got = _try_load(str(path), "openblas")
+    return got if isinstance(got, BlasInfo) else None
 
 
 def _already_mapped() -> BlasInfo | None:
@@ -166,7 +207,7 @@ def _choose(prefer: str) -> BlasInfo:
             return got
         return BlasInfo("reference", None, f"BLAS {got}; using MLX's reference BLAS (slow)")
     if prefer in ("auto", "openblas"):
-        found = _first(_openblas_candidates(), "openblas")
+        found = _first(_openblas_candidates(), "openblas") or _pip_openblas()
         if found:
             return found
     if prefer in ("auto", "mkl"):
@@ -212,12 +253,9 @@ def blas_phrase(info: BlasInfo) -> str:
     configuration is checked), so a bad-input error stays the only line on stderr.
     """
     if info.name != "reference" or not sys.platform.startswith("linux"):
-        return f"BLAS {info.name}"
-    fix = (
-        "`pip install mkl`"
-        if platform.machine().lower() in ("x86_64", "amd64")
-        else "`apt-get install libopenblas0-pthread`"
-    )
+        threads = f" ({info.threads} thread{'s' if info.threads != 1 else ''})" if info.threads else ""
+        return f"BLAS {info.name}{threads}"
+    fix = "`pip install scipy-openblas32 lief`"
     return f"BLAS reference (slow: {fix} for 15-25x faster CPU matmul)"
 
 
