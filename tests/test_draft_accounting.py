@@ -188,3 +188,20 @@ def test_auto_probes_again_at_once_after_a_probe_that_held():
     first = next(i for i, k in enumerate(ks) if k)
     assert all(ks[first : first + 6]), ks  # once a probe holds, drafting does not stop
     assert max(ks) >= 8
+
+
+def test_one_descheduled_plain_step_does_not_make_long_verifies_look_free():
+    """Prose at 3% acceptance on a loaded machine: a plain step that took a second (descheduled) made the
+    forgetting average of T(1) large, every verify looked free (T(10)/T(1) = 1.0), and auto drafted 281 tokens.
+    Medians per length and a curve that never falls with n keep K at 0 there."""
+    b = AutoBudget(k_max=16)
+    b.ratio, b.c = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 34)}, 0.0  # OpenBLAS-like: T(17) = 1.8
+    for _ in range(30):
+        b.observe(3, 0)  # nothing held: acceptance near 0
+    for seconds in (0.03, 0.03, 1.0, 0.03, 0.03):  # one plain step was descheduled
+        b.observe(0, 0, verify_s=seconds)
+    b.observe(3, 0, verify_s=0.04)  # a 4-token verify
+    b.observe(9, 0, verify_s=0.032)  # a 10-token verify that happened to be quick
+    assert b.ratio[10] >= b.ratio[4] >= 0.04 / 0.03 - 1e-9  # longer never cheaper; the spike ignored
+    b.next_k()
+    assert b.decision.reason != "cost model"  # at most a scheduled probe, never a draft the model "prices"
