@@ -54,7 +54,8 @@ def main() -> None:
     med = {n: {k: statistics.median(x[k] for x in rs) for k in ("decode_tok_s", "ttft_s")} for n, rs in runs.items()}
     for n, rs in runs.items():
         print(
-            f"{n[-20:]:20} BLAS {rs[0]['blas']:9} decode {med[n]['decode_tok_s']:6.1f} tok/s  TTFT {med[n]['ttft_s']:.2f} s  "
+            f"{n[-20:]:20} BLAS {rs[0]['blas']:9} decode {med[n]['decode_tok_s']:6.1f} tok/s  "
+            f"TTFT {med[n]['ttft_s']:.2f} s  "
             "(runs: " + ", ".join(f"{x['decode_tok_s']:.1f}" for x in rs) + ")"
         )
     first = sides[0]
