@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specpipe.batch.budget import BatchBudget, CostTable, calibrate
+from specpipe.batch.costs import cost_table
 from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
@@ -196,3 +197,56 @@ def test_auto_follows_the_runs_own_step_times():
         budget.observe(StepReport(rows, 4, 5, 0.0, 5 * budget.costs.time(4, 5)))
         control.observe(StepReport(rows, 4, 5, 0.0, budget.costs.time(4, 5)))  # same rows, calibrated times
     assert budget.next_k(4) == 0 and control.next_k(4) > 0
+
+
+def test_a_near_tie_goes_to_plain_decoding():
+    """K > 0 must beat plain by the margin: a mispriced step costs the whole batch."""
+    budget = BatchBudget(16, auto=True, costs=table(0.075))  # K = 1 predicted 1.5% faster than plain
+    budget._acc, budget._drafted = 25.0, 100.0
+    rates = {k: budget.rate(4, k) for k in range(17)}
+    best = max(rates, key=lambda k: rates[k])
+    assert best > 0 and rates[best] < rates[0] * 1.03, "the table should make drafting barely pay"
+    assert budget.next_k(4) == 0 and budget.decision["reason"] == "plain"
+    assert budget.decision["best_k_speedup"] == round(rates[best] / rates[0], 3)
+    budget.margin = 0.0
+    assert budget.next_k(4) == best and budget.decision["reason"] == "cost"
+
+
+def test_hindsight_keeps_learning_on_plain_steps_without_probes():
+    budget = BatchBudget(16, auto=True, costs=table(0.02), hindsight=True, probe_every=2)
+    budget._acc, budget._drafted = 5.0, 100.0  # a poor start: plain decoding
+    ks, reasons = [], set()
+    for _ in range(40):
+        ks.append(budget.next_k(4))
+        reasons.add(budget.decision["reason"])
+        if ks[-1] == 0:
+            assert budget.hindsight_k == budget.probe_k
+            budget.observe_hindsight(checked=8, matched=8, rows_guessed=4, rows=4)  # every row guessed right
+    assert ks[0] == 0 and "probe" not in reasons  # no verify spent on probes
+    assert ks[-1] > 0 and reasons == {"plain", "cost"}
+
+
+def test_look_back_checks_emitted_tokens_only(target, prompts, alone):
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    decoder.add(prompts[0], 40)  # repetitive: its n-gram guesses well
+    decoder.add(prompts[2], 40)
+    assert decoder.look_back(2) == (0, 0, 0, 0)  # nothing emitted yet: the prompt is never checked
+    seen = []
+    for _ in range(38):
+        decoder.step(0)
+        seen.append(decoder.look_back(2))
+    assert seen[0] == (0, 0, 0, 0)  # one token emitted: too few to look back 2
+    assert all(r == 2 and c <= 4 and m <= c and g <= 2 for c, m, g, r in seen[1:])
+    assert sum(c for c, _, _, _ in seen) > 0 and sum(m for _, m, _, _ in seen) > 0  # the repetitive row guesses right
+    assert [r.output for r in decoder.rows] == [alone[0][:38], alone[2][:38]]  # looking back changed nothing
+
+
+def test_the_cost_table_is_timed_once_then_read_from_the_cache(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
+    first, where = cost_table(target, max_batch=2, max_n=3, repeats=1)
+    assert where.startswith("timed now")
+    again, where = cost_table(target, max_batch=2, max_n=3, repeats=1)
+    assert where.startswith("cached") and again.batches == first.batches
+    assert np.allclose(again.seconds, first.seconds)
+    assert cost_table(target, max_batch=4, max_n=3, repeats=1)[1].startswith("timed now")  # other bounds: other file

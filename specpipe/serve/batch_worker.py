@@ -48,9 +48,12 @@ class Active:
 
 
 class BatchWorker:
-    def __init__(self, decoder, budget, max_batch: int = 8, max_waiting: int = 16, metrics=None):
+    def __init__(self, decoder, budget, max_batch: int = 8, max_waiting: int = 16, metrics=None, log_step=None):
+        """`log_step(record)`: one dict per step (the budget's decision, batch, positions, seconds)."""
         self.decoder, self.budget, self.max_batch = decoder, budget, max_batch
         self.metrics = metrics
+        self.log_step = log_step
+        self._steps = 0
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
@@ -86,12 +89,15 @@ class BatchWorker:
                 continue
             try:
                 k = self.budget.next_k(len(self._active))
+                if self.budget.hindsight_k:  # a plain step: the drafters still learn, looking back
+                    self.budget.observe_hindsight(*self.decoder.look_back(self.budget.hindsight_k))
                 report = self.decoder.step(k)
             except Exception as exc:  # a failed step fails its rows, not the server
                 self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 continue
             self.budget.observe(report)
             self._record_step(report, k)
+            self._log_step(report)
             for step in report.rows:
                 self._emit(step)
         for a in list(self._active):
@@ -193,6 +199,23 @@ class BatchWorker:
         self._active.clear()
 
     # ------------------------------------------------------------------ metrics (optional)
+
+    def _log_step(self, report) -> None:
+        self._steps += 1
+        if self.log_step is None:
+            return
+        self.log_step(
+            {
+                "step": self._steps,
+                **self.budget.decision,
+                "positions": report.positions,
+                "drafted": sum(r.drafted for r in report.rows),
+                "accepted": sum(r.accepted for r in report.rows),
+                "emitted": sum(len(r.token_ids) for r in report.rows),
+                "draft_s": round(report.draft_s, 6),
+                "verify_s": round(report.verify_s, 6),
+            }
+        )
 
     def _record_step(self, report, k: int) -> None:
         self._gauge("specpipe_batch_size", report.batch)
