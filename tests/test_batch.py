@@ -250,3 +250,21 @@ def test_the_cost_table_is_timed_once_then_read_from_the_cache(target, tmp_path,
     assert where.startswith("cached") and again.batches == first.batches
     assert np.allclose(again.seconds, first.seconds)
     assert cost_table(target, max_batch=4, max_n=3, repeats=1)[1].startswith("timed now")  # other bounds: other file
+
+
+def test_a_prompt_prefilled_between_steps_joins_exactly(target, prompts, alone):
+    """Interleaved join: a long prompt is fed 3 tokens per step while another row decodes."""
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    first = decoder.add(prompts[1], 25)
+    joining = decoder.begin(prompts[3], 33)
+    steps_while_joining = 0
+    while not joining.prefill(3):
+        decoder.step(4)  # the active row keeps decoding: no stall for the whole prefill
+        steps_while_joining += 1
+    assert steps_while_joining >= (len(prompts[3]) - 1) // 3 - 1 and decoder.rows == [first]
+    second = decoder.join(joining)
+    while decoder.rows:
+        decoder.step(4)
+    assert first.output == alone[1][:25]
+    assert second.output == alone[3][:33], first_difference(target, prompts[3], alone[3][:33], second.output)

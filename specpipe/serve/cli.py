@@ -47,10 +47,11 @@ def _task(cfg) -> None:
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
 
-    if cfg.max_batch < 1 or cfg.max_queue < 1:
+    if cfg.max_batch < 1 or cfg.max_queue < 1 or cfg.prefill_per_step < 0:
         fail(
             TOOL,
-            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}: need max_batch >= 1 and max_queue >= 1",
+            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}, prefill_per_step={cfg.prefill_per_step}: "
+            "need max_batch >= 1, max_queue >= 1, prefill_per_step >= 0",
             EXIT_CONFIG,
         )
     metrics = Metrics()
@@ -134,7 +135,9 @@ def _worker(cfg, session, metrics, log_step):
     else:  # fixed / adaptive / confidence: their K, the same for every step of the batch
         batch_budget = BatchBudget(k_max)
     decoder = BatchDecoder(session.target, session_plugins(session))
-    worker = BatchWorker(decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics, log_step)
+    worker = BatchWorker(
+        decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
+    )
     return worker, f"max_batch={cfg.max_batch}; each step's K and why -> steps.jsonl"
 
 

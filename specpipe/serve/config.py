@@ -20,6 +20,9 @@ class ServeConfig(PipelineGroups):
     max_tokens_limit: int = 4096
     max_batch: int = 8  # requests decoded together (one target forward per step); 1: one at a time
     max_queue: int = 16  # requests waiting beyond this get 429 (retry later) instead of an unbounded wait
+    # prompt tokens of joining requests prefilled between two decode steps while others decode
+    # (0: whole prompts at once, stalling every active stream for the prefill)
+    prefill_per_step: int = 256
     stream: bool = False  # unused by the server (kept for the Session's config view)
 
 
