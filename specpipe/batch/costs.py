@@ -87,7 +87,7 @@ def calibrate(target, max_batch: int, max_n: int, repeats: int = 5) -> CostTable
     return CostTable(batches, positions, seconds)
 
 
-def cost_table(target, max_batch: int, max_n: int, refresh: bool = False, repeats: int = 7) -> tuple[CostTable, str]:
+def cost_table(target, max_batch: int, max_n: int, refresh: bool = False, repeats: int = 5) -> tuple[CostTable, str]:
     """The cached T(B, n) table for this target and device, timing it on first use.
 
     Returns:
