@@ -5,17 +5,20 @@ Contract: `BatchBudget.next_k(rows)` returns K for the next step (and leaves its
 `fixed` drafts K every step. `auto` picks the K that maximises expected tokens per second for the
 batch, priced through the calibrated table T(B, n) (batch/costs.py, cached per device):
 
-    rate(K) = B * E(K) / T(B, 1 + K),   E(K) = rho * (1 - a^(K+1)) / (1 - a) + (1 - rho)
+    rate(K) = B * E(K) / T(B, 1 + K),   E(K) = rho * (1 + a * (1 - g^K) / (1 - g)) + (1 - rho)
 
-where a is the batch's acceptance rate (per drafted token) and rho the share of rows whose drafter
-proposed something (n-gram finds no match on some rows). Once the batch is compute-bound, T(B, n)
-grows with n about as fast as E(K), and when acceptance is low E(K) barely grows: K = 0 (plain
-decoding for every row) wins. A K > 0 must beat plain by `margin` (3%): a mispriced step costs a
-whole batch, so near-ties go to plain decoding.
+where a is the rate at which a row's first drafted token is accepted, g the rate at which a
+drafted token is accepted given the one before it was, and rho the share of rows whose drafter
+proposed something (n-gram finds no match on some rows). Two rates, as budgets/auto.py keeps them,
+because n-gram drafts are bursty: on code about 45% of first tokens hold but most tokens after a
+held one do, so one geometric rate prices long drafts far below what they return. Once the batch
+is compute-bound, T(B, n) grows with n about as fast as E(K), and when acceptance is low E(K)
+barely grows: K = 0 (plain decoding for every row) wins. A K > 0 must beat plain by `margin` (3%):
+a mispriced step costs a whole batch, so near-ties go to plain decoding.
 
 While K = 0 the rates still learn. Drafters that can guess tokens the target already emitted
 (`supports_hindsight`: n-gram) are asked, on every plain step and for every row, what they would
-have drafted before the last `probe_k` tokens: evidence with no verify slot spent
+have drafted before the last `hindsight_len` tokens: evidence with no verify slot spent
 (`hindsight_k`, `observe_hindsight`). Other drafters get a `probe_k` draft every `probe_every`
 plain steps. The calibration is corrected by the run's own step times: T(B, n) is scaled by the
 decayed mean of measured / calibrated seconds, kept apart for plain steps (n = 1) and speculative
@@ -42,6 +45,7 @@ class BatchBudget:
         prior_alpha: float = 0.5,
         margin: float = 0.03,
         hindsight: bool = False,
+        hindsight_len: int = 8,
     ):
         """
         Args:
@@ -54,9 +58,10 @@ class BatchBudget:
             raise ValueError("budget=auto needs a CostTable (batch/costs.py cost_table)")
         self.k, self.auto, self.costs = k, auto, costs
         self.probe_every, self.probe_k, self.forget = probe_every, probe_k, forget
-        self.margin, self.hindsight = margin, hindsight
-        # acceptance and draft availability as decayed counts, starting from a weak prior of 4 tokens / rows
-        self._acc, self._drafted = 4 * prior_alpha, 4.0
+        self.margin, self.hindsight, self.hindsight_len = margin, hindsight, hindsight_len
+        # [successes, trials] with exponential forgetting, from a weak prior of 4 trials
+        self._first = [4 * prior_alpha, 4.0]  # a row's first drafted token accepted
+        self._cont = [4 * prior_alpha, 4.0]  # a drafted token accepted after an accepted one
         self._rows_with_draft, self._rows = 4.0, 4.0
         self._plain_steps = 0
         self._scale = {True: [0.0, 0.0], False: [0.0, 0.0]}  # n == 1 ? -> [sum measured/calibrated, weight]
@@ -66,7 +71,13 @@ class BatchBudget:
 
     @property
     def alpha(self) -> float:
-        return min(self._acc / self._drafted, 0.999)
+        """Rate at which a row's first drafted token is accepted."""
+        return min(self._first[0] / self._first[1], 0.999)
+
+    @property
+    def continuation(self) -> float:
+        """Rate at which a drafted token is accepted, given the one before it was."""
+        return min(self._cont[0] / self._cont[1], 0.999)
 
     @property
     def rho(self) -> float:
@@ -82,7 +93,7 @@ class BatchBudget:
             self._plain_steps = 0
             return self._decide(best, "cost", rows)
         if self.hindsight:
-            self.hindsight_k = self.probe_k
+            self.hindsight_k = min(self.hindsight_len, self.k)
             return self._decide(0, "plain", rows)
         self._plain_steps += 1
         if self._plain_steps >= self.probe_every:
@@ -98,6 +109,7 @@ class BatchBudget:
             plain = self.rate(rows, 0)
             self.decision |= {
                 "alpha": round(self.alpha, 3),
+                "continuation": round(self.continuation, 3),
                 "rho": round(self.rho, 3),
                 "predicted_speedup": round(self.rate(rows, k) / plain, 3),
                 "best_k_speedup": round(max(self.rate(rows, j) for j in range(self.k + 1)) / plain, 3),
@@ -106,8 +118,8 @@ class BatchBudget:
 
     def rate(self, rows: int, k: int) -> float:
         """Expected tokens per second of the batch with K = k (see the module docstring)."""
-        a, rho = self.alpha, self.rho
-        expected = rho * (1 - a ** (k + 1)) / (1 - a) + (1 - rho)
+        a, g, rho = self.alpha, self.continuation, self.rho
+        expected = rho * (1 + a * (1 - g**k) / (1 - g)) + (1 - rho) if k > 0 else 1.0
         return rows * expected / self.step_time(rows, 1 + k)
 
     def step_time(self, rows: int, n: int) -> float:
@@ -126,22 +138,23 @@ class BatchBudget:
             scale[0], scale[1] = self.forget * scale[0] + ratio, self.forget * scale[1] + 1.0
         if all(r.drafted == 0 for r in report.rows) and self.last_reason == "plain":
             return
-        self._count(
-            sum(r.drafted for r in report.rows),
-            sum(r.accepted for r in report.rows),
-            sum(r.drafted > 0 for r in report.rows),
-            len(report.rows),
-        )
+        self._count([(r.drafted, r.accepted) for r in report.rows])
 
-    def observe_hindsight(self, checked: int, matched: int, rows_guessed: int, rows: int) -> None:
-        """On a plain step the rows' drafters guessed `checked` tokens the target had already
-        emitted (`matched` of them right, prefix-wise per row); `rows_guessed` of `rows` guessed anything."""
-        if rows:
-            self._count(checked, matched, rows_guessed, rows)
+    def observe_hindsight(self, guesses: list[tuple[int, int]]) -> None:
+        """On a plain step each checked row's drafter guessed tokens the target had already
+        emitted: (tokens guessed, of them matched as a prefix), one pair per row."""
+        if guesses:
+            self._count(guesses)
 
-    def _count(self, drafted: int, accepted: int, rows_with_draft: int, rows: int) -> None:
+    def _count(self, rows: list[tuple[int, int]]) -> None:
+        """Per row (drafted d, accepted n): the first token is one trial (held if n >= 1); the
+        continuation has min(n + 1, d) - 1 trials (the positions reached after the first), n - 1 held.
+        E.g. d = 4: n = 4 -> 3 of 3; n = 2 -> 1 of 2; n = 0 -> no continuation trial."""
         f = self.forget
-        self._acc = f * self._acc + accepted
-        self._drafted = f * self._drafted + drafted
-        self._rows_with_draft = f * self._rows_with_draft + rows_with_draft
-        self._rows = f * self._rows + rows
+        drafting = [(d, n) for d, n in rows if d > 0]
+        self._first[0] = f * self._first[0] + sum(n >= 1 for _, n in drafting)
+        self._first[1] = f * self._first[1] + len(drafting)
+        self._cont[0] = f * self._cont[0] + sum(max(n - 1, 0) for _, n in drafting)
+        self._cont[1] = f * self._cont[1] + sum(min(n + 1, d) - 1 for d, n in drafting)
+        self._rows_with_draft = f * self._rows_with_draft + len(drafting)
+        self._rows = f * self._rows + len(rows)

@@ -217,24 +217,21 @@ class BatchDecoder:
             self.cache.compact()  # holes outnumber kept columns: attention would mostly read masked keys
         return report
 
-    def look_back(self, m: int) -> tuple[int, int, int, int]:
+    def look_back(self, m: int) -> list[tuple[int, int]]:
         """Before a plain step: what each row's drafter would have drafted before its last m
         emitted tokens (n-gram `hindsight`: a lookup, no forward, no state change).
 
         Returns:
-            (tokens guessed, of them matched as a prefix per row, rows that guessed anything,
-            rows checked). A row checks only tokens the target emitted, never its prompt.
+            One (tokens guessed, of them matched as a prefix) per row checked; a row is checked
+            only once it has emitted m tokens (its prompt is never guessed).
         """
-        checked = matched = guessed = rows = 0
+        guesses = []
         for row in self.rows:
             if m <= 0 or len(row.output) < m or not row.drafter.supports_hindsight:
                 continue
             guess = row.drafter.hindsight(row.context, m)[:m]
-            rows += 1
-            guessed += bool(guess)
-            checked += len(guess)
-            matched += first_false([g == t for g, t in zip(guess, row.context[-m:])])
-        return checked, matched, guessed, rows
+            guesses.append((len(guess), first_false([g == t for g, t in zip(guess, row.context[-m:])])))
+        return guesses
 
     # ---------------------------------------------------------------- per row
 

@@ -107,7 +107,7 @@ class BatchWorker:
             try:
                 k = self.budget.next_k(len(self._active))
                 if self.budget.hindsight_k:  # a plain step: the drafters still learn, looking back
-                    self.budget.observe_hindsight(*self.decoder.look_back(self.budget.hindsight_k))
+                    self.budget.observe_hindsight(self.decoder.look_back(self.budget.hindsight_k))
                 report = self.decoder.step(k)
             except Exception as exc:  # a failed step fails its rows, not the server
                 self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
