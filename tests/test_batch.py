@@ -283,3 +283,19 @@ def test_a_prompt_prefilled_between_steps_joins_exactly(target, prompts, alone):
         decoder.step(4)
     assert first.output == alone[1][:25]
     assert second.output == alone[3][:33], first_difference(target, prompts[3], alone[3][:33], second.output)
+
+
+def test_step_times_are_corrected_per_batch_size():
+    """Speculative steps at B = 8 measured 3x the table, at B = 1 as calibrated: K = 0 at 8 rows only."""
+    budget = BatchBudget(16, auto=True, costs=table(0.005))
+    assume(budget, 0.5)
+    assert budget.next_k(1) > 0 and budget.next_k(8) > 0
+    for _ in range(10):
+        for rows, factor in ((1, 1.0), (8, 3.0)):
+            steps = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * rows
+            budget.observe(StepReport(steps, rows, 5, 0.0, factor * budget.costs.time(rows, 5)))
+            plain = [RowStep(row=None, token_ids=[1], texts=[], from_draft=0, drafted=0, accepted=0)] * rows
+            budget.last_reason = "plain"
+            budget.observe(StepReport(plain, rows, 1, 0.0, budget.costs.time(rows, 1)))
+    assume(budget, 0.5)
+    assert budget.next_k(8) == 0 and budget.next_k(1) > 0

@@ -21,9 +21,10 @@ While K = 0 the rates still learn. Drafters that can guess tokens the target alr
 have drafted before the last `hindsight_len` tokens: evidence with no verify slot spent
 (`hindsight_k`, `observe_hindsight`). Other drafters get a `probe_k` draft every `probe_every`
 plain steps. The calibration is corrected by the run's own step times: T(B, n) is scaled by the
-decayed mean of measured / calibrated seconds, kept apart for plain steps (n = 1) and speculative
-ones (n > 1; until one is measured they borrow the plain steps' scale), so a neighbour that slows
-the machine after start-up changes K too.
+decayed mean of measured / calibrated seconds, kept per batch size and apart for plain steps
+(n = 1) and speculative ones (n > 1; until one is measured they borrow the plain steps' scale), so
+a neighbour that slows the machine after start-up changes K too, and a table that was right at
+B = 1 but not at B = 8 is corrected at B = 8 without being wrongly corrected at B = 1.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class BatchBudget:
         self._cont = [4 * prior_alpha, 4.0]  # a drafted token accepted after an accepted one
         self._rows_with_draft, self._rows = 4.0, 4.0
         self._plain_steps = 0
-        self._scale = {True: [0.0, 0.0], False: [0.0, 0.0]}  # n == 1 ? -> [sum measured/calibrated, weight]
+        # (rows or None for any, n == 1) -> [decayed sum of measured / calibrated seconds, weight]
+        self._scale: dict[tuple[int | None, bool], list[float]] = {}
         self.last_reason = "fixed"
         self.hindsight_k = 0  # > 0: the decoder looks back this many tokens on this (plain) step
         self.decision: dict = {"k": k, "reason": "fixed"}
@@ -123,19 +125,23 @@ class BatchBudget:
         return rows * expected / self.step_time(rows, 1 + k)
 
     def step_time(self, rows: int, n: int) -> float:
-        """Calibrated T(rows, n) times what this run's steps of that kind measured against it."""
+        """Calibrated T(rows, n) times what this run's steps of that batch size and kind (plain or
+        speculative) measured against it. Unmeasured, it borrows, in order: the plain steps of that
+        batch size, the steps of that kind at any batch size, the plain steps at any size."""
         assert self.costs is not None, "auto prices steps only with a calibrated cost table"
-        total, weight = self._scale[n == 1]
-        if weight < 1.0:  # no speculative step measured yet: assume the plain steps' slow-down
-            total, weight = self._scale[True]
-        return self.costs.time(rows, n) * (total / weight if weight > 0 else 1.0)
+        for key in ((rows, n == 1), (rows, True), (None, n == 1), (None, True)):
+            total, weight = self._scale.get(key, (0.0, 0.0))
+            if weight >= 1.0:
+                return self.costs.time(rows, n) * total / weight
+        return self.costs.time(rows, n)
 
     def observe(self, report) -> None:
         """Learn step cost, acceptance and draft availability from a step (K = 0 steps teach only cost)."""
         if self.costs is not None and report.verify_s > 0:
             ratio = report.verify_s / self.costs.time(report.batch, report.positions)
-            scale = self._scale[report.positions == 1]
-            scale[0], scale[1] = self.forget * scale[0] + ratio, self.forget * scale[1] + 1.0
+            for key in ((report.batch, report.positions == 1), (None, report.positions == 1)):
+                scale = self._scale.setdefault(key, [0.0, 0.0])
+                scale[0], scale[1] = self.forget * scale[0] + ratio, self.forget * scale[1] + 1.0
         if all(r.drafted == 0 for r in report.rows) and self.last_reason == "plain":
             return
         self._count([(r.drafted, r.accepted) for r in report.rows])
