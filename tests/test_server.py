@@ -180,7 +180,9 @@ def test_a_full_queue_answers_429_and_the_rest_complete(small):
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(one, range(12)))
     statuses = [s for s, _ in results]
-    assert statuses.count(429) >= 12 - 6 and set(statuses) <= {200, 429}, statuses
+    # 2 slots + 4 queued = 6 held at once; a request or two more fit when the worker takes a job
+    # off the queue while the burst is still arriving (it prefills the first ones meanwhile)
+    assert statuses.count(429) >= 12 - 8 and set(statuses) <= {200, 429}, statuses
     assert all(raw.rstrip().endswith("data: [DONE]") for s, raw in results if s == 200)
     assert "retry later" in next(raw for s, raw in results if s == 429)
 
