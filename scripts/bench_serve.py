@@ -111,6 +111,9 @@ def run_level(base: str, prompts: list[str], clients: int, per_client: int, max_
             (r["latency_s"] - r["ttft_s"]) / max(r["tokens"] - 1, 1) for r in results if r["ttft_s"]
         ),
         "acceptance": accepted / drafted if drafted else 0.0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "gaps_s": [round(g, 5) for g in gaps],  # every inter-chunk gap: the report's latency CDF
         "answers": {r["prompt"]: r["text"] for r in results},
     }
 

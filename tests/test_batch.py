@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specpipe.batch.budget import BatchBudget, CostTable, calibrate
+from specpipe.batch.costs import cost_table
 from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
@@ -153,6 +154,21 @@ def test_model_drafters_are_refused(target):
 # ---------------------------------------------------------------- one K for the whole batch
 
 
+def assume(budget: BatchBudget, rate: float) -> None:
+    """Set both acceptance rates (first token, continuation) as if 100 trials each had shown `rate`."""
+    budget._first[:] = [100 * rate, 100.0]
+    budget._cont[:] = [100 * rate, 100.0]
+
+
+def test_two_rates_count_first_tokens_and_continuations_apart():
+    budget = BatchBudget(8, auto=True, costs=table(0.0), forget=1.0, prior_alpha=0.5)
+    first, cont = list(budget._first), list(budget._cont)
+    budget._count([(4, 4), (4, 2), (4, 0), (0, 0)])  # the last row proposed nothing
+    assert budget._first == [first[0] + 2, first[1] + 3]
+    assert budget._cont == [cont[0] + 3 + 1, cont[1] + 3 + 2]
+    assert budget._rows == 4 + 4 and budget._rows_with_draft == 4 + 3
+
+
 def table(per_position_cost: float) -> CostTable:
     """T(B, n) = 1 + per_position_cost * B * n (ms): 0 is memory-bound, large is compute-bound."""
     batches, positions = [1, 2, 4, 8], [1, 2, 4, 8, 16, 17]
@@ -163,7 +179,7 @@ def table(per_position_cost: float) -> CostTable:
 def test_auto_speculates_when_verifying_is_cheap_and_stops_when_compute_bound():
     cheap, bound = BatchBudget(16, auto=True, costs=table(0.005)), BatchBudget(16, auto=True, costs=table(0.5))
     for budget in (cheap, bound):
-        budget._acc, budget._drafted = 60.0, 100.0  # acceptance 0.6, every row drafting
+        assume(budget, 0.6)  # acceptance 0.6, every row drafting
     assert cheap.next_k(1) >= 4 and cheap.next_k(8) >= 1
     assert bound.next_k(8) == 0 and bound.last_reason == "plain"
     assert all(bound.rate(8, 0) >= bound.rate(8, k) for k in range(1, 17))
@@ -187,12 +203,99 @@ def test_calibration_times_real_forwards(target):
 
 def test_auto_follows_the_runs_own_step_times():
     budget = BatchBudget(16, auto=True, costs=table(0.005))  # calibrated: verifying 17 positions is cheap
-    budget._acc, budget._drafted = 30.0, 100.0
+    assume(budget, 0.3)
     assert budget.next_k(4) > 0
     rows = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * 4
     control = BatchBudget(16, auto=True, costs=table(0.005))
-    control._acc, control._drafted = 30.0, 100.0
+    assume(control, 0.3)
     for _ in range(30):  # ... but this run's speculative steps take 5x the calibrated time
         budget.observe(StepReport(rows, 4, 5, 0.0, 5 * budget.costs.time(4, 5)))
         control.observe(StepReport(rows, 4, 5, 0.0, budget.costs.time(4, 5)))  # same rows, calibrated times
     assert budget.next_k(4) == 0 and control.next_k(4) > 0
+
+
+def test_a_near_tie_goes_to_plain_decoding():
+    """K > 0 must beat plain by the margin: a mispriced step costs the whole batch."""
+    budget = BatchBudget(16, auto=True, costs=table(0.075))  # K = 1 predicted 1.5% faster than plain
+    assume(budget, 0.25)
+    rates = {k: budget.rate(4, k) for k in range(17)}
+    best = max(rates, key=lambda k: rates[k])
+    assert best > 0 and rates[best] < rates[0] * 1.03, "the table should make drafting barely pay"
+    assert budget.next_k(4) == 0 and budget.decision["reason"] == "plain"
+    assert budget.decision["best_k_speedup"] == round(rates[best] / rates[0], 3)
+    budget.margin = 0.0
+    assert budget.next_k(4) == best and budget.decision["reason"] == "cost"
+
+
+def test_hindsight_keeps_learning_on_plain_steps_without_probes():
+    budget = BatchBudget(16, auto=True, costs=table(0.02), hindsight=True, probe_every=2)
+    assume(budget, 0.05)  # a poor start: plain decoding
+    ks, reasons = [], set()
+    for _ in range(40):
+        ks.append(budget.next_k(4))
+        reasons.add(budget.decision["reason"])
+        if ks[-1] == 0:
+            assert budget.hindsight_k == budget.hindsight_len == 8
+            budget.observe_hindsight([(8, 8)] * 4)  # every row guessed right
+    assert ks[0] == 0 and "probe" not in reasons  # no verify spent on probes
+    assert ks[-1] > 0 and reasons == {"plain", "cost"}
+
+
+def test_look_back_checks_emitted_tokens_only(target, prompts, alone):
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    decoder.add(prompts[0], 40)  # repetitive: its n-gram guesses well
+    decoder.add(prompts[2], 40)
+    assert decoder.look_back(2) == []  # nothing emitted yet: the prompt is never checked
+    seen = []
+    for _ in range(38):
+        decoder.step(0)
+        seen.append(decoder.look_back(2))
+    assert seen[0] == []  # one token emitted: too few to look back 2
+    assert all(len(rows) == 2 and all(0 <= n <= d <= 2 for d, n in rows) for rows in seen[1:])
+    assert sum(n for rows in seen for _, n in rows) > 0  # the repetitive row guesses right
+    assert [r.output for r in decoder.rows] == [alone[0][:38], alone[2][:38]]  # looking back changed nothing
+
+
+def test_the_cost_table_is_timed_once_then_read_from_the_cache(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
+    first, where = cost_table(target, max_batch=2, max_n=3, repeats=1)
+    assert where.startswith("timed now")
+    again, where = cost_table(target, max_batch=2, max_n=3, repeats=1)
+    assert where.startswith("cached") and again.batches == first.batches
+    assert np.allclose(again.seconds, first.seconds)
+    assert cost_table(target, max_batch=4, max_n=3, repeats=1)[1].startswith("timed now")  # other bounds: other file
+
+
+def test_a_prompt_prefilled_between_steps_joins_exactly(target, prompts, alone):
+    """Interleaved join: a long prompt is fed 3 tokens per step while another row decodes."""
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    first = decoder.add(prompts[1], 25)
+    joining = decoder.begin(prompts[3], 33)
+    steps_while_joining = 0
+    while not joining.prefill(3):
+        decoder.step(4)  # the active row keeps decoding: no stall for the whole prefill
+        steps_while_joining += 1
+    assert steps_while_joining >= (len(prompts[3]) - 1) // 3 - 1 and decoder.rows == [first]
+    second = decoder.join(joining)
+    while decoder.rows:
+        decoder.step(4)
+    assert first.output == alone[1][:25]
+    assert second.output == alone[3][:33], first_difference(target, prompts[3], alone[3][:33], second.output)
+
+
+def test_step_times_are_corrected_per_batch_size():
+    """Speculative steps at B = 8 measured 3x the table, at B = 1 as calibrated: K = 0 at 8 rows only."""
+    budget = BatchBudget(16, auto=True, costs=table(0.005))
+    assume(budget, 0.5)
+    assert budget.next_k(1) > 0 and budget.next_k(8) > 0
+    for _ in range(10):
+        for rows, factor in ((1, 1.0), (8, 3.0)):
+            steps = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * rows
+            budget.observe(StepReport(steps, rows, 5, 0.0, factor * budget.costs.time(rows, 5)))
+            plain = [RowStep(row=None, token_ids=[1], texts=[], from_draft=0, drafted=0, accepted=0)] * rows
+            budget.last_reason = "plain"
+            budget.observe(StepReport(plain, rows, 1, 0.0, budget.costs.time(rows, 1)))
+    assume(budget, 0.5)
+    assert budget.next_k(8) == 0 and budget.next_k(1) > 0

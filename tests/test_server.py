@@ -180,7 +180,9 @@ def test_a_full_queue_answers_429_and_the_rest_complete(small):
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(one, range(12)))
     statuses = [s for s, _ in results]
-    assert statuses.count(429) >= 12 - 6 and set(statuses) <= {200, 429}, statuses
+    # 2 slots + 4 queued = 6 held at once; a request or two more fit when the worker takes a job
+    # off the queue while the burst is still arriving (it prefills the first ones meanwhile)
+    assert statuses.count(429) >= 12 - 8 and set(statuses) <= {200, 429}, statuses
     assert all(raw.rstrip().endswith("data: [DONE]") for s, raw in results if s == 200)
     assert "retry later" in next(raw for s, raw in results if s == 429)
 
@@ -218,36 +220,42 @@ def test_metrics_are_prometheus_text(small):
     assert metric(small, "specpipe_accepted_tokens_total") > 0
 
 
-def test_a_hybrid_target_is_served_one_request_at_a_time(tmp_path):
-    """Recurrent layers cannot leave holes: batching is refused in one line and batch 1 serves."""
+@pytest.mark.parametrize(
+    "overrides,why",
+    [
+        (["model.arch=qwen3_next", "draft=ngram"], "batching needs plain attention KV caches"),  # recurrent layers
+        (["draft=model", "draft.model=self"], "draft=model keeps a model cache per request"),
+    ],
+    ids=["hybrid-target", "model-drafter"],
+)
+def test_an_unbatchable_server_says_so_and_serves_one_request_at_a_time(tmp_path, overrides, why):
+    """Batching is refused in one line at start; batch 1 serves, feeding /metrics and the request log."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specpipe.serve.cli",
-            "port=0",
-            "max_tokens=8",
-            "model=tiny-random",
-            "model.arch=qwen3_next",
-            "draft=ngram",
-        ],
+        [sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=8", "model=tiny-random", *overrides],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         refusal = proc.stderr.readline()
-        assert "batching needs plain attention KV caches; serving one request at a time" in refusal, refusal
+        assert f"{why}" in refusal and refusal.rstrip().endswith("serving one request at a time"), refusal
         start = proc.stderr.readline()
-        port = re.search(r"http://127\.0\.0\.1:(\d+)/v1", start).group(1)
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
-            data=json.dumps({"prompt": "hello", "max_tokens": 8}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            answer = json.loads(resp.read())
-        assert answer["usage"]["completion_tokens"] > 0 and "batched" not in answer["specpipe"]
+        server = Server.__new__(Server)  # the started process, without starting another
+        server.base = "http://127.0.0.1:" + re.search(r"http://127\.0\.0\.1:(\d+)/v1", start).group(1)
+        server.log = Path(start.rsplit("requests -> ", 1)[1].strip())
+        status, raw = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 8}, timeout=120)
+        answer = json.loads(raw)
+        assert status == 200 and answer["usage"]["completion_tokens"] > 0 and "batched" not in answer["specpipe"]
+        assert server.post("/v1/completions", {"prompt": "hello", "max_tokens": 0})[0] == 400
+        assert metric(server, 'specpipe_requests_total{status="ok"}') == 1
+        assert metric(server, 'specpipe_requests_total{status="bad_request"}') == 1
+        steps = metric(server, "specpipe_steps_total")
+        assert steps > 0 and metric(server, "specpipe_batch_rows_total") == steps
+        assert metric(server, "specpipe_ttft_seconds_count") == 1
+        assert metric(server, "specpipe_generated_tokens_total") == answer["usage"]["completion_tokens"]
+        assert metric(server, "specpipe_drafted_tokens_total") == answer["specpipe"]["drafted"]
+        records = [json.loads(line) for line in server.log.read_text().splitlines()]
+        assert [r["finish_reason"] for r in records] == [answer["choices"][0]["finish_reason"], "bad_request"]
     finally:
         proc.kill()
         proc.wait()
@@ -259,4 +267,6 @@ def test_sigterm_stops_with_every_request_logged(servers):
         code, err = server.stop()
         assert code == 143 and "Traceback" not in err and "stopped (SIGTERM)" in err, err
         lines = [json.loads(line) for line in server.log.read_text().splitlines()]
-        assert lines and all(r["finish_reason"] in ("stop", "length") for r in lines)
+        answered = [r for r in lines if r["finish_reason"] != "bad_request"]  # a 400 is logged too
+        assert answered and all(r["finish_reason"] in ("stop", "length") for r in answered)
+        assert len(lines) > len(answered) or server is plain  # test_bad_requests_are_one_line sent them to spec

@@ -2,12 +2,14 @@
 
 Contract: `BatchDecoder(target, plugins)`; `add(prompt_ids, max_tokens, seed)` prefills one
 request alone and puts it in the batch (continuous batching: rows join and leave between any
-two steps); `step(k)` lets each row's own drafter propose up to k tokens, runs ONE target
-forward over B rows x (1 + longest draft) positions (shorter drafts padded; padding is never
-kept), compares each row with its own comparator and seeded sampler, keeps per row what it
-accepted (`RaggedBatch.commit`: rejected columns become masked holes, no copy) and returns what
-every row emitted; finished rows leave the batch. A greedy row emits exactly the tokens that
-request gets decoded alone with `draft=none` (tests/test_batch.py). Never touches HTTP.
+two steps; `begin` / `Joining.prefill(n)` / `join` do the same a chunk at a time, so a server
+can interleave a long prompt's prefill with the active rows' steps). `step(k)` lets each row's
+own drafter propose up to k tokens, runs ONE target forward over B rows x (1 + longest draft)
+positions (shorter drafts padded; padding is never kept), compares each row with its own
+comparator and seeded sampler, keeps per row what it accepted (`RaggedBatch.commit`: rejected
+columns become masked holes, no copy) and returns what every row emitted; finished rows leave
+the batch. A greedy row emits exactly the tokens that request gets decoded alone with
+`draft=none` (tests/test_batch.py). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -105,6 +107,32 @@ class StepReport:
     verify_s: float
 
 
+@dataclass
+class Joining:
+    """A request being prefilled alone before it joins the batch (the cache holds all but its last token)."""
+
+    target: Any
+    row: Row
+    cache: list
+    fed: int = 0  # prompt tokens in `cache` so far
+
+    @property
+    def todo(self) -> int:
+        return len(self.row.prompt_ids) - 1 - self.fed
+
+    @property
+    def done(self) -> bool:
+        return self.todo <= 0
+
+    def prefill(self, n: int) -> bool:
+        """Feed up to n more prompt tokens (in the engine's prefill chunks); True once all are in."""
+        take = min(n, self.todo)
+        if take > 0:
+            self.target.prefill(self.row.prompt_ids[self.fed : self.fed + take], self.cache)
+            self.fed += take
+        return self.done
+
+
 class BatchDecoder:
     def __init__(self, target, plugins):
         """
@@ -122,10 +150,16 @@ class BatchDecoder:
 
         `sampling`: this request's temperature= / top_p= (the plug-in factory's defaults otherwise).
         """
+        joining = self.begin(prompt_ids, max_tokens, seed, **sampling)
+        while not joining.prefill(len(prompt_ids)):
+            pass
+        return self.join(joining)
+
+    def begin(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, **sampling) -> Joining:
+        """A request that will join: its plug-ins and an empty solo cache; `Joining.prefill(n)` feeds
+        its prompt n tokens at a time (between decode steps, so the active rows do not stall), then
+        `join` makes it a row."""
         drafter, comparator, bonus, greedy = self.plugins(seed, **sampling)
-        solo = self.target.make_cache()
-        self.target.prefill(prompt_ids[:-1], solo)
-        drafter.prefill(prompt_ids)
         row = Row(
             list(prompt_ids),
             max_tokens,
@@ -136,9 +170,15 @@ class BatchDecoder:
             self.target.tokenizer.detokenizer,
             context=list(prompt_ids),
         )
-        self.cache.add(solo)
-        self.rows.append(row)
-        return row
+        return Joining(self.target, row, self.target.make_cache())
+
+    def join(self, joining: Joining) -> Row:
+        """The prefilled request becomes a row of the batch (between steps)."""
+        assert joining.done, "join() after the whole prompt is prefilled"
+        joining.row.drafter.prefill(joining.row.prompt_ids)
+        self.cache.add(joining.cache)
+        self.rows.append(joining.row)
+        return joining.row
 
     def remove(self, rows: list[Row]) -> None:
         """These rows leave the batch (cancelled, or finished)."""
@@ -176,6 +216,22 @@ class BatchDecoder:
         ):
             self.cache.compact()  # holes outnumber kept columns: attention would mostly read masked keys
         return report
+
+    def look_back(self, m: int) -> list[tuple[int, int]]:
+        """Before a plain step: what each row's drafter would have drafted before its last m
+        emitted tokens (n-gram `hindsight`: a lookup, no forward, no state change).
+
+        Returns:
+            One (tokens guessed, of them matched as a prefix) per row checked; a row is checked
+            only once it has emitted m tokens (its prompt is never guessed).
+        """
+        guesses = []
+        for row in self.rows:
+            if m <= 0 or len(row.output) < m or not row.drafter.supports_hindsight:
+                continue
+            guess = row.drafter.hindsight(row.context, m)[:m]
+            guesses.append((len(guess), first_false([g == t for g, t in zip(guess, row.context[-m:])])))
+        return guesses
 
     # ---------------------------------------------------------------- per row
 

@@ -133,3 +133,53 @@ def _save(fig, path: Path) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+# ---------------------------------------------------------------- concurrency (scripts/bench_serve.py)
+
+
+def draw_concurrency(levels: list[dict], out_dir: str | Path) -> list[str]:
+    """serve_report.summarize_levels() -> speed-up vs concurrency and the ITL CDF per concurrency."""
+    out_dir = Path(out_dir)
+    return [
+        speedup_vs_concurrency(levels, out_dir / "speedup_vs_concurrency.png"),
+        itl_cdf_by_concurrency(levels, out_dir / "itl_cdf_by_concurrency.png"),
+    ]
+
+
+def speedup_vs_concurrency(levels: list[dict], path: Path) -> str:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines: dict[str, list[dict]] = defaultdict(list)
+    for s in levels:
+        if s["variant"] != s["base"] and s["speedup"] is not None:
+            lines[f"{s['model']}: {s['variant']}"].append(s)
+    for name, ss in sorted(lines.items()):
+        ax.plot([s["clients"] for s in ss], [s["speedup"] for s in ss], marker="o", label=name)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(0.97, color="red", linestyle=":", linewidth=1, label="0.97x (auto's floor)")
+    clients = sorted({s["clients"] for s in levels})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(clients, [str(c) for c in clients])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel(f"aggregate tok/s over {levels[0]['base'] if levels else 'off'}")
+    ax.set_title("Speculation under concurrency (dashed: plain decoding)")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def itl_cdf_by_concurrency(levels: list[dict], path: Path) -> str:
+    """One panel per concurrency, one line per variant (the baseline dashed)."""
+    clients = sorted({s["clients"] for s in levels})
+    fig, axes = plt.subplots(1, max(len(clients), 1), figsize=(3.2 * max(len(clients), 1), 3.8), sharey=True)
+    axes = list(axes) if len(clients) > 1 else [axes]
+    for ax, c in zip(axes, clients):
+        for s in [s for s in levels if s["clients"] == c][:MAX_LINES]:
+            style = {"linestyle": "--"} if s["variant"] == s["base"] else {}
+            _cdf(ax, [g * 1000 for g in s["gaps_s"]], f"{s['model']}: {s['variant']}", **style)
+        ax.set_xscale("log")
+        ax.set_title(f"{c} client{'s' if c > 1 else ''}")
+        ax.set_xlabel("inter-token latency (ms)")
+    axes[0].set_ylabel("fraction of chunks")
+    axes[-1].legend(fontsize=7)
+    return _save(fig, path)

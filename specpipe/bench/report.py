@@ -5,6 +5,8 @@ PNG plots (plots.py).
 Contract: reads only the JSONL (every `bench.jsonl` under DIR, or DIR itself
 when it is a file); never imports mlx. Aggregates are pooled over prompts:
 rates from summed counts, speed-up as the geometric mean of per-prompt ratios.
+A JSONL of scripts/bench_serve.py (concurrency levels) gets its own report
+(serve_report.py): speed-up vs concurrency and the latency CDF per concurrency.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from specpipe.bench.records import read_records
+from specpipe.bench.serve_report import is_serve_record
 
 # ---------------------------------------------------------------- aggregation
 
 
 def find_results(target: Path) -> list[Path]:
+    """A file as given (bench.jsonl, or scripts/bench_serve.py's JSONL), else every bench.jsonl under a folder."""
     if target.is_file():
         return [target]
     return sorted(target.rglob("bench.jsonl"))
@@ -447,11 +451,24 @@ def write_report(target: str | Path) -> Path:
     if not records:
         raise FileNotFoundError(f"no benchmark results (bench.jsonl) under {target}")
     out_dir = target if target.is_dir() else target.parent
+    if all(is_serve_record(r) for r in records):  # scripts/bench_serve.py: one line per concurrency level
+        return _write_serve_report(records, out_dir, sources)
     groups = group_by_config(records)
     summaries = [summarize(rs) for rs in groups.values()]
     plots = draw_all(summaries, out_dir)
     report = out_dir / "report.md"
     report.write_text(render(summaries, groups, plots, sources), encoding="utf-8")
+    return report
+
+
+def _write_serve_report(records: list[dict], out_dir: Path, sources: list[Path]) -> Path:
+    from specpipe.bench.plots import draw_concurrency
+    from specpipe.bench.serve_report import render_serve, summarize_levels
+
+    levels = summarize_levels(records)
+    plots = draw_concurrency(levels, out_dir)
+    report = out_dir / "report.md"
+    report.write_text(render_serve(levels, plots, sources), encoding="utf-8")
     return report
 
 

@@ -3,8 +3,9 @@
 Contract: same interface as `GenerationWorker` (`submit`, `waiting`, `close`; pieces on each
 job's own queue: ("delta", Delta), then ("done", Finished) or ("error", message)). Between two
 steps it drops rows whose client left or whose stop string appeared, admits waiting requests
-(each prefilled alone, then a row of the batch), asks the budget for one K for the whole batch
-and runs one `BatchDecoder.step`. A full queue raises QueueFull (HTTP 429). Never touches HTTP.
+(each prefilled alone, `prefill_per_step` prompt tokens between two steps while other rows
+decode, then a row of the batch), asks the budget for one K for the whole batch and runs one
+`BatchDecoder.step`. A full queue raises QueueFull (HTTP 429). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -48,9 +49,28 @@ class Active:
 
 
 class BatchWorker:
-    def __init__(self, decoder, budget, max_batch: int = 8, max_waiting: int = 16, metrics=None):
+    def __init__(
+        self,
+        decoder,
+        budget,
+        max_batch: int = 8,
+        max_waiting: int = 16,
+        metrics=None,
+        log_step=None,
+        prefill_per_step: int = 0,
+    ):
+        """
+        Args:
+            log_step: record -> None, one dict per step (the budget's decision, batch, positions, seconds).
+            prefill_per_step: prompt tokens of joining requests prefilled between two decode steps
+                while other rows are active (0: a joining prompt is prefilled whole, stalling them).
+        """
         self.decoder, self.budget, self.max_batch = decoder, budget, max_batch
         self.metrics = metrics
+        self.log_step = log_step
+        self.prefill_per_step = prefill_per_step
+        self._steps = 0
+        self._joining: list[tuple[Job, Any, float]] = []  # (job, batch.decoder.Joining, admitted at)
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
@@ -86,16 +106,21 @@ class BatchWorker:
                 continue
             try:
                 k = self.budget.next_k(len(self._active))
+                if self.budget.hindsight_k:  # a plain step: the drafters still learn, looking back
+                    self.budget.observe_hindsight(self.decoder.look_back(self.budget.hindsight_k))
                 report = self.decoder.step(k)
             except Exception as exc:  # a failed step fails its rows, not the server
                 self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 continue
             self.budget.observe(report)
             self._record_step(report, k)
+            self._log_step(report)
             for step in report.rows:
                 self._emit(step)
         for a in list(self._active):
             self._finish(a, "cancelled")
+        for job, _, _ in self._joining:
+            job.out.put(("error", "the server is shutting down"))
         while True:
             try:
                 self._jobs.get_nowait().out.put(("error", "the server is shutting down"))
@@ -103,25 +128,55 @@ class BatchWorker:
                 break
 
     def _admit(self) -> None:
-        """Drop rows whose client left, then fill free slots from the queue (block only when idle)."""
+        """Drop rows whose client left, take waiting requests into free slots (block only when
+        idle), then prefill joining prompts: whole when no row is active, else at most
+        `prefill_per_step` tokens before the next step (a long prompt joins over several steps)."""
         for a in [a for a in self._active if a.job.cancelled.is_set()]:
             self._finish(a, "cancelled")
-        while len(self._active) < self.max_batch:
+        for entry in [e for e in self._joining if e[0].cancelled.is_set()]:
+            self._joining.remove(entry)
+            self._count("specpipe_requests_total", status="cancelled")
+        while len(self._active) + len(self._joining) < self.max_batch:
+            idle = not self._active and not self._joining
             try:
-                job = self._jobs.get(timeout=IDLE_POLL_S) if not self._active else self._jobs.get_nowait()
+                job = self._jobs.get(timeout=IDLE_POLL_S) if idle else self._jobs.get_nowait()
             except queue.Empty:
                 break
             self._gauge("specpipe_queue_length", self._jobs.qsize())
             if job.cancelled.is_set():
                 continue
             try:
-                row = self.decoder.add(job.prompt_ids, job.max_tokens, job.seed, **job.sampling)
-            except Exception as exc:  # e.g. a prompt longer than the context: this job only
-                job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
-                self._count("specpipe_requests_total", status="error")
+                joining = self.decoder.begin(job.prompt_ids, job.max_tokens, job.seed, **job.sampling)
+            except Exception as exc:
+                self._reject(job, exc)
                 continue
-            hold = max((len(s) for s in job.stop), default=1) - 1
-            self._active.append(Active(job, row, time.perf_counter(), hold))
+            self._joining.append((job, joining, time.perf_counter()))
+        self._prefill_joining()
+
+    def _prefill_joining(self) -> None:
+        budget = self.prefill_per_step if self._active and self.prefill_per_step > 0 else None
+        for entry in list(self._joining):
+            job, joining, admitted = entry
+            if budget is not None and budget <= 0:
+                break
+            n = joining.todo if budget is None else min(budget, joining.todo)
+            try:
+                joining.prefill(n)
+            except Exception as exc:  # e.g. a prompt longer than the context: this job only
+                self._joining.remove(entry)
+                self._reject(job, exc)
+                continue
+            if budget is not None:
+                budget -= n
+            if joining.done:
+                self._joining.remove(entry)
+                row = self.decoder.join(joining)
+                hold = max((len(s) for s in job.stop), default=1) - 1
+                self._active.append(Active(job, row, admitted, hold))
+
+    def _reject(self, job: Job, exc: Exception) -> None:
+        job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        self._count("specpipe_requests_total", status="error")
 
     def _emit(self, step) -> None:
         a = next(a for a in self._active if a.row is step.row)
@@ -193,6 +248,23 @@ class BatchWorker:
         self._active.clear()
 
     # ------------------------------------------------------------------ metrics (optional)
+
+    def _log_step(self, report) -> None:
+        self._steps += 1
+        if self.log_step is None:
+            return
+        self.log_step(
+            {
+                "step": self._steps,
+                **self.budget.decision,
+                "positions": report.positions,
+                "drafted": sum(r.drafted for r in report.rows),
+                "accepted": sum(r.accepted for r in report.rows),
+                "emitted": sum(len(r.token_ids) for r in report.rows),
+                "draft_s": round(report.draft_s, 6),
+                "verify_s": round(report.verify_s, 6),
+            }
+        )
 
     def _record_step(self, report, k: int) -> None:
         self._gauge("specpipe_batch_size", report.batch)

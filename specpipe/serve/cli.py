@@ -6,7 +6,8 @@ time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_bat
 are decoded together (specpipe/batch/: one target forward verifies every row's draft); more wait
 in a bounded queue (`max_queue=16`, then 429). A target or drafter that cannot be batched
 (recurrent / sliding-window layers, a model drafter) is served one request at a time, said in
-one line at start. `budget=auto` calibrates T(B, n) at start and picks one K per step.
+one line at start. `budget=auto` reads T(B, n) (timed on the first start on this device, then
+cached) and picks one K per step; every batched step's K and its reasons are a line of `steps.jsonl`.
 """
 
 from __future__ import annotations
@@ -46,14 +47,21 @@ def _task(cfg) -> None:
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
 
-    if cfg.max_batch < 1 or cfg.max_queue < 1:
+    if cfg.max_batch < 1 or cfg.max_queue < 1 or cfg.prefill_per_step < 0:
         fail(
             TOOL,
-            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}: need max_batch >= 1 and max_queue >= 1",
+            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}, prefill_per_step={cfg.prefill_per_step}: "
+            "need max_batch >= 1, max_queue >= 1, prefill_per_step >= 0",
             EXIT_CONFIG,
         )
     metrics = Metrics()
-    worker, how = _worker(cfg, session, metrics)
+    steps_file = open(out / "steps.jsonl", "a", encoding="utf-8")
+
+    def log_step(record: dict) -> None:  # the decoding thread only: no lock
+        steps_file.write(json.dumps(record) + "\n")
+        steps_file.flush()
+
+    worker, how = _worker(cfg, session, metrics, log_step)
     try:
         server = make_server(ServeState(session, worker, session.target.info.name, log, metrics), cfg.host, cfg.port)
     except OSError as exc:
@@ -87,6 +95,7 @@ def _task(cfg) -> None:
         server.server_close()
         worker.close()
         log_file.close()
+        steps_file.close()
     sig = stopped.get("signal")
     if sig is not None:
         name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
@@ -101,10 +110,11 @@ def _task(cfg) -> None:
         os._exit(143 if sig == signal.SIGTERM else 130)
 
 
-def _worker(cfg, session, metrics):
+def _worker(cfg, session, metrics, log_step):
     """The batching worker when the target and drafter allow it, else one request at a time;
     and a few words saying which."""
-    from specpipe.batch.budget import BatchBudget, calibrate
+    from specpipe.batch.budget import BatchBudget
+    from specpipe.batch.costs import cost_table
     from specpipe.batch.decoder import BatchDecoder, refusal, session_plugins
     from specpipe.serve.batch_worker import BatchWorker
     from specpipe.serve.worker import GenerationWorker
@@ -113,19 +123,22 @@ def _worker(cfg, session, metrics):
     if why:
         if cfg.max_batch > 1:
             print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
-        return GenerationWorker(session, max_waiting=cfg.max_queue), "batch 1"
+        return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics), "batch 1"
     budget = session.budget
     k_max = int(budget.k_max if budget.name == "auto" else getattr(budget, "k", 0))
     if session.drafter.name == "none":
         batch_budget = BatchBudget(0)
     elif budget.name == "auto":
-        costs = calibrate(session.target, cfg.max_batch, k_max + 1)
-        print(f"{TOOL}: {costs.describe()}", file=sys.stderr, flush=True)
-        batch_budget = BatchBudget(k_max, auto=True, costs=costs)
+        costs, where = cost_table(session.target, cfg.max_batch, k_max + 1)
+        print(f"{TOOL}: {costs.describe()} ({where})", file=sys.stderr, flush=True)
+        batch_budget = BatchBudget(k_max, auto=True, costs=costs, hindsight=session.drafter.supports_hindsight)
     else:  # fixed / adaptive / confidence: their K, the same for every step of the batch
         batch_budget = BatchBudget(k_max)
     decoder = BatchDecoder(session.target, session_plugins(session))
-    return BatchWorker(decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics), f"max_batch={cfg.max_batch}"
+    worker = BatchWorker(
+        decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
+    )
+    return worker, f"max_batch={cfg.max_batch}; each step's K and why -> steps.jsonl"
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ class ServeConfig(PipelineGroups):
     max_tokens_limit: int = 4096
     max_batch: int = 8  # requests decoded together (one target forward per step); 1: one at a time
     max_queue: int = 16  # requests waiting beyond this get 429 (retry later) instead of an unbounded wait
+    # prompt tokens of joining requests prefilled between two decode steps while others decode
+    # (0: whole prompts at once, stalling every active stream for the prefill). 1024: a burst of
+    # chat-sized prompts still joins in about one step (256 cost throughput at 8 clients,
+    # docs/benchmarks.md), while a long prompt no longer stalls the streams for its whole prefill
+    prefill_per_step: int = 1024
     stream: bool = False  # unused by the server (kept for the Session's config view)
 
 

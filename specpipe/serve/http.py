@@ -94,10 +94,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.worker.submit(job)
         except BadRequest as exc:
             self.state.metrics.count("specpipe_requests_total", status="bad_request")
+            self.state.log({"route": route, "status": 400, "finish_reason": "bad_request", "error": str(exc)})
             self._json(400, error_body(str(exc)))
             return
         except QueueFull as exc:
             self.state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
+            self.state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
             self._json(429, error_body(f"busy: {exc}; retry later", "server_busy"))
             return
         rid = new_id(request.kind)
@@ -162,6 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _whole(self, kind: str, rid: str, job: Job) -> None:
         for tag, value in self._results(job):
             if tag == "error":
+                self.state.log(_error_fields(rid, False, job, value))
                 self._json(500, error_body(value, "server_error"))
             elif tag == "done":
                 self.state.log({"id": rid, "stream": False, **_log_fields(value)})
@@ -188,6 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
                         body["specpipe"] = {"tokens": value.tokens, "from_draft": value.from_draft}
                     self._event(body)
                 elif tag == "error":
+                    self.state.log(_error_fields(rid, True, job, value))
                     self._event(error_body(value, "server_error"))
                 else:
                     self.state.log({"id": rid, "stream": True, **_log_fields(value)})
@@ -218,6 +222,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def _error_fields(rid: str, stream: bool, job: Job, message: str) -> dict:
+    return {
+        "id": rid,
+        "stream": stream,
+        "status": 500,
+        "finish_reason": "error",
+        "error": message,
+        "prompt_tokens": len(job.prompt_ids),
+    }
 
 
 def _log_fields(finished) -> dict:

@@ -3,7 +3,8 @@
 `GenerationWorker(session).submit(job)` queues a `Job`; the worker runs the pipeline for it and
 puts `("delta", text)` pieces, then one `("done", Finished)` (or `("error", message)`) on the job's
 own queue, so an HTTP thread can stream them. Stop strings are cut here: text that could still
-grow into a stop string is held back until it cannot. Never touches HTTP.
+grow into a stop string is held back until it cannot. It feeds `/metrics` as the batching worker
+does (steps, batch size 1, K, tokens, TTFT, inter-token gaps, outcomes). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class QueueFull(Exception):
 
 
 class GenerationWorker:
-    def __init__(self, session, max_waiting: int = 16):
+    def __init__(self, session, max_waiting: int = 16, metrics=None):
         self.session = session
+        self.metrics = metrics
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
         self._thread = threading.Thread(target=self._loop, name="specpipe-generate", daemon=True)
         self._thread.start()
@@ -52,6 +54,8 @@ class GenerationWorker:
             self._jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull(f"{self._jobs.maxsize} requests are already waiting") from None
+        if self.metrics:
+            self.metrics.set("specpipe_queue_length", self._jobs.qsize())
 
     def waiting(self) -> int:
         return self._jobs.qsize()
@@ -66,23 +70,34 @@ class GenerationWorker:
         while (job := self._jobs.get()) is not None:
             if job.cancelled.is_set():
                 continue
+            if self.metrics:
+                self.metrics.set("specpipe_queue_length", self._jobs.qsize())
             try:
                 self._run(job)
             except Exception as exc:  # one request's failure must not stop the server
                 job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                if self.metrics:
+                    self.metrics.count("specpipe_requests_total", status="error")
 
     def _run(self, job: Job) -> None:
         from specpipe.core.pipeline import RunControl
-        from specpipe.events import Emitted, RunFinished
+        from specpipe.events import Drafted, Emitted, RunFinished, Verified
 
         started = time.perf_counter()
         control = RunControl()
         text, sent, stopped_at = "", 0, None
         hold = max((len(s) for s in job.stop), default=1) - 1  # a stop string may still be forming
         finished = None
+        meter = _Meter(self.metrics, job.submitted)
         for event in self.session.generate(job.prompt_ids, max_tokens=job.max_tokens, control=control):
             if job.cancelled.is_set():
                 control.stop_requested = True
+            if isinstance(event, Drafted):
+                meter.drafted(event.k)
+            elif isinstance(event, Verified):
+                meter.step()
+            elif isinstance(event, Emitted):
+                meter.emitted(len(event.token_ids))
             if isinstance(event, Emitted) and stopped_at is None:
                 text += event.text
                 stopped_at = first_stop(text, job.stop)
@@ -104,6 +119,7 @@ class GenerationWorker:
         if job.cancelled.is_set():
             reason = "cancelled"
         s = finished.stats
+        meter.finished("cancelled" if reason == "cancelled" else "ok", s.drafted, s.accepted)
         stats = {
             "drafted": s.drafted,
             "accepted": s.accepted,
@@ -126,6 +142,42 @@ class GenerationWorker:
                 ),
             )
         )
+
+
+class _Meter:
+    """One request's figures into `/metrics` (None: no metrics), the batching worker's names at B = 1."""
+
+    def __init__(self, metrics, submitted: float):
+        self.metrics, self.submitted = metrics, submitted
+        self.last: float | None = None  # when this request's previous tokens were emitted
+
+    def drafted(self, k: int) -> None:
+        if self.metrics:
+            self.metrics.set("specpipe_draft_k", k)
+
+    def step(self) -> None:
+        if self.metrics:
+            self.metrics.set("specpipe_batch_size", 1)
+            self.metrics.count("specpipe_steps_total")
+            self.metrics.count("specpipe_batch_rows_total")
+
+    def emitted(self, tokens: int) -> None:
+        if not self.metrics or not tokens:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.metrics.observe("specpipe_ttft_seconds", now - self.submitted)
+        else:
+            self.metrics.observe("specpipe_inter_token_seconds", now - self.last)
+        self.last = now
+        self.metrics.emitted(tokens)
+
+    def finished(self, status: str, drafted: int, accepted: int) -> None:
+        if self.metrics:
+            self.metrics.count("specpipe_requests_total", status=status)
+            self.metrics.observe("specpipe_request_seconds", time.perf_counter() - self.submitted)
+            self.metrics.count("specpipe_drafted_tokens_total", drafted)
+            self.metrics.count("specpipe_accepted_tokens_total", accepted)
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:
