@@ -139,7 +139,11 @@ def check_supported(cfg: DictConfig) -> None:
         raise ConfigError(message)
     from specpipe.trees.shape import TreeShape
 
-    TreeShape.from_config(cfg.get("tree"))  # a bad tree shape: ConfigError before anything loads
+    shape = TreeShape.from_config(cfg.get("tree"))  # a bad tree shape: ConfigError before anything loads
+    if shape is None and cfg.draft.get("name") == "lookahead":
+        raise ConfigError(
+            "draft=lookahead verifies its Jacobi window as a tree branch: add tree=dynamic (or tree=static)"
+        )
 
 
 def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler, budget=None):

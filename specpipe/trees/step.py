@@ -98,6 +98,9 @@ class TreeStep:
             tree_depth=max(tree.depths(), default=0),
         )
 
+        if hasattr(drafter, "observe_tree"):  # draft=lookahead: the window's outputs advance its Jacobi iteration
+            drafter.observe_tree(len(context), tree, mx.argmax(logits, axis=-1).tolist(), len(path_ids) + 1)
+
         # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
         s = time.perf_counter()
         keep_path(cache, start, [0] + [i + 1 for i in verdict.path])
