@@ -101,6 +101,7 @@ class Session:
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
+            tree=self.tree_step.shape.label() if self.tree_step is not None else "",
         )
         pipeline = SpeculativePipeline(
             self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step
