@@ -1,9 +1,10 @@
-"""Chain vs token trees, A/B in one sitting: SmolLM2 float32 + n-gram on a suite, greedy.
+"""Chain vs token trees, A/B in one sitting: SmolLM2 float32 + n-gram / lookahead on a suite, greedy.
 
-    python scripts/tree_vs_chain.py [--suite code] [--limit 4] [--max-tokens 96] [--repeats 2]
+    python scripts/tree_vs_chain.py [--suite code] [--limit 4] [--max-tokens 96] [--repeats 2] [--only NAME ...]
 
 Per prompt and repeat the configurations run in rotating order over one loaded target: plain decoding
-(draft=none), chain K = 8 (today's default fixed budget), and trees (specpipe/trees/). Every output is
+(draft=none), n-gram chains (K = 8, 16), n-gram trees of the same verify width, budget=auto for the chain
+and the tree, and draft=lookahead trees (specpipe/trees/, specpipe/drafters/lookahead.py). Every output is
 checked equal to plain decoding's. Prints per configuration: tokens per target forward, accepted length
 (1 + accepted / steps), nodes verified per step, and the speed-up over plain as the geometric mean of the
 per-prompt ratios of decode tok/s (the median repeat of each).
@@ -12,16 +13,19 @@ per-prompt ratios of decode tok/s (the median repeat of each).
 import argparse
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
 from specpipe.engine.load.blas import preload_blas
 
 blas = preload_blas()
+from specpipe.budgets.auto import AutoBudget  # noqa: E402
 from specpipe.budgets.fixed import FixedBudget  # noqa: E402
 from specpipe.core.pipeline import SpeculativePipeline  # noqa: E402
 from specpipe.core.stages.bonus import GreedyBonus  # noqa: E402
 from specpipe.core.stages.compare import GreedyComparator  # noqa: E402
+from specpipe.drafters.lookahead import LookaheadDrafter  # noqa: E402
 from specpipe.drafters.ngram import NgramDrafter  # noqa: E402
 from specpipe.drafters.none import NoneDrafter  # noqa: E402
 from specpipe.engine.load.loader import load_engine  # noqa: E402
@@ -29,26 +33,38 @@ from specpipe.rollbacks.trim import TrimRollback  # noqa: E402
 from specpipe.trees.shape import TreeShape  # noqa: E402
 from specpipe.trees.step import TreeStep  # noqa: E402
 
+DYN = lambda n, depth=8: TreeShape(kind="dynamic", nodes=n, depth=depth, branching=[4] * depth)  # noqa: E731
+
+# name -> (drafter, budget, tree shape); budget an int K (fixed) or "auto". The tree rows verify the same
+# width as the chain rows above them (K = n nodes: n + 1 fed positions).
 CONFIGS = {
-    "plain": None,
-    "chain K=8": 8,
-    "chain K=16": 16,
-    "static [2,2,1,1,1,1,1,1]": TreeShape(kind="static", branching=[2, 2, 1, 1, 1, 1, 1, 1]),
-    "static [4,2,1,1,1,1,1,1]": TreeShape(kind="static", branching=[4, 2, 1, 1, 1, 1, 1, 1]),
-    "dynamic nodes=8 depth=8": TreeShape(kind="dynamic", nodes=8, depth=8, branching=[4] * 8),
-    "dynamic nodes=16 depth=8": TreeShape(kind="dynamic", nodes=16, depth=8, branching=[4] * 8),
-    "dynamic nodes=32 depth=16": TreeShape(kind="dynamic", nodes=32, depth=16, branching=[4] * 16),
+    "plain": (None, 1, None),
+    "chain K=8": ("ngram", 8, None),
+    "chain K=16": ("ngram", 16, None),
+    "static [2,2,1,1,1,1,1,1]": ("ngram", 8, TreeShape(kind="static", branching=[2, 2, 1, 1, 1, 1, 1, 1])),
+    "static [4,2,1,1,1,1,1,1]": ("ngram", 8, TreeShape(kind="static", branching=[4, 2, 1, 1, 1, 1, 1, 1])),
+    "dynamic nodes=8 depth=8": ("ngram", 8, DYN(8)),
+    "dynamic nodes=16 depth=8": ("ngram", 8, DYN(16)),
+    "dynamic nodes=32 depth=16": ("ngram", 8, DYN(32, 16)),
+    "auto chain": ("ngram", "auto", None),
+    "auto tree (dynamic 16)": ("ngram", "auto", DYN(16)),
+    "lookahead dynamic 8": ("lookahead", 8, DYN(8, 6)),
+    "lookahead dynamic 16": ("lookahead", 8, DYN(16, 6)),
+    "lookahead auto tree (dynamic 16)": ("lookahead", "auto", DYN(16, 6)),
 }
 
 
 def run(target, name, spec, prompt, max_tokens):
+    kind, k, shape = spec
     rollback = TrimRollback()
-    if spec is None:
-        drafter, budget, step = NoneDrafter(), FixedBudget(k=1), None
+    drafter = {None: NoneDrafter, "ngram": NgramDrafter, "lookahead": LookaheadDrafter}[kind]()
+    if k == "auto":
+        budget = AutoBudget()
+        budget.prepare(target, drafter)  # the device's calibrated curve (cached) and the drafter's cost
     else:
-        drafter = NgramDrafter()
-        budget = FixedBudget(k=spec if isinstance(spec, int) else 8)
-        step = TreeStep(target, drafter, spec, rollback) if isinstance(spec, TreeShape) else None
+        budget = FixedBudget(k=k)
+    # fixed K: the shape alone sizes the tree (no cap); auto: the budget sizes it (specpipe/trees/budget.py)
+    step = TreeStep(target, drafter, shape, rollback, budget=budget if k == "auto" else None) if shape else None
     pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
     final = list(pipe.run(prompt, max_tokens, stop_ids=target.eos_token_ids))[-1]
     return final
@@ -62,11 +78,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="configuration names to run (plain is always run)")
     a = ap.parse_args()
+    load_start = os.getloadavg()[0]
     target = load_engine("smollm2-135m", precision="float32")
     suite = Path(__file__).resolve().parents[1] / "specpipe" / "bench" / "suites" / f"{a.suite}.jsonl"
     prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][: a.limit]
     names = [n for n in CONFIGS if n == "plain" or not a.only or n in a.only]
-    run(target, "plain", None, target.encode_prompt("warm up", chat=True), 8)
+    run(target, "plain", CONFIGS["plain"], target.encode_prompt("warm up", chat=True), 8)
     rows = {n: [] for n in names}  # per prompt: (tok/s median, tokens/forward, accepted length, nodes/step)
     for p_i, p in enumerate(prompts):
         ids = target.encode_prompt(p["prompt"], chat=True)
@@ -92,9 +109,10 @@ def main():
             f"{p['id']}: {len(plain_ids)} tokens; " + ", ".join(f"{n} {rows[n][-1][0]:.1f}" for n in names), flush=True
         )
     print(
-        f"\nSmolLM2-135M float32 ({blas.name}) + n-gram, suite {a.suite}, "
+        f"\nSmolLM2-135M float32 ({blas.name}), suite {a.suite}, "
         f"{len(prompts)} prompts, {a.max_tokens} tokens max, "
-        f"{a.repeats} repeats (median), every output == plain decoding's"
+        f"{a.repeats} repeats (median), every output == plain decoding's; "
+        f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     print(
         "| configuration | tokens / target forward | accepted length | "

@@ -51,6 +51,14 @@ class NgramDraftConfig(PluginConfig):
 
 
 @dataclass
+class LookaheadDraftConfig(PluginConfig):
+    window: int = MISSING  # Jacobi window: positions guessed ahead, fed as one tree branch
+    ngram: int = MISSING  # n of the n-grams gathered from the window's iterations
+    pool: int = MISSING  # n-grams kept per first token
+    seed: int = MISSING  # the window's first guesses (prompt tokens drawn at random)
+
+
+@dataclass
 class ModelDraftConfig(PluginConfig):
     model: str = MISSING  # packaged name, or "self" to draft with the target
     path: str | None = MISSING
@@ -167,6 +175,7 @@ def register() -> None:
     cs.store(group="schema/draft", name="none", node=NoneDraftConfig)
     cs.store(group="schema/draft", name="ngram", node=NgramDraftConfig)
     cs.store(group="schema/draft", name="model", node=ModelDraftConfig)
+    cs.store(group="schema/draft", name="lookahead", node=LookaheadDraftConfig)
     cs.store(group="schema/budget", name="fixed", node=FixedBudgetConfig)
     cs.store(group="schema/budget", name="adaptive", node=AdaptiveBudgetConfig)
     cs.store(group="schema/budget", name="confidence", node=ConfidenceBudgetConfig)

@@ -36,6 +36,7 @@ class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy read
     prompt_ids: list[int] = []
     max_tokens: int
     config_yaml: str = ""
+    tree: str = ""  # tree != chain: the shape, e.g. "dynamic(nodes=16, depth=8, width=4)"; "" for a chain
 
 
 class PrefillProgress(Base, frozen=True, kw_only=True):

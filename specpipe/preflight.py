@@ -156,7 +156,12 @@ def _sampling(cfg: DictConfig) -> str | None:
 # Plug-ins built here to run their own checks (ranges, unknown keys): they need no model and their modules
 # import no MLX. The others' keys are checked by Session before it loads a model: importing mlx-lm here
 # would cost ~2 s before the CLI claims its run folder.
-MODEL_FREE = ("specpipe.budgets.", "specpipe.drafters.ngram.", "specpipe.drafters.none.")
+MODEL_FREE = (
+    "specpipe.budgets.",
+    "specpipe.drafters.ngram.",
+    "specpipe.drafters.none.",
+    "specpipe.drafters.lookahead.",
+)
 
 
 def _plugins(cfg: DictConfig) -> str | None:

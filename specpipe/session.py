@@ -53,7 +53,7 @@ class Session:
         )
         self.budget.prepare(self.target, self.drafter)  # budget=auto calibrates here (timed once per device, cached)
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
-        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler)
+        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler, self.budget)
         self.comparator: Comparator
         self.bonus: Bonus
         self.comparator, self.bonus = comparator_and_bonus(cfg, self.sampler)
@@ -101,6 +101,7 @@ class Session:
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
+            tree=self.tree_step.shape.label() if self.tree_step is not None else "",
         )
         pipeline = SpeculativePipeline(
             self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step
@@ -139,15 +140,20 @@ def check_supported(cfg: DictConfig) -> None:
         raise ConfigError(message)
     from specpipe.trees.shape import TreeShape
 
-    TreeShape.from_config(cfg.get("tree"))  # a bad tree shape: ConfigError before anything loads
+    shape = TreeShape.from_config(cfg.get("tree"))  # a bad tree shape: ConfigError before anything loads
+    if shape is None and cfg.draft.get("name") == "lookahead":
+        raise ConfigError(
+            "draft=lookahead verifies its Jacobi window as a tree branch: add tree=dynamic (or tree=static)"
+        )
 
 
-def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler):
-    """The tree path's step (specpipe/trees/step.py) when tree != chain, else None (the chain path)."""
+def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler, budget=None):
+    """The tree path's step (specpipe/trees/step.py) when tree != chain, else None (the chain path);
+    `budget` sizes each tree (trees/budget.py)."""
     from specpipe.trees.shape import TreeShape
     from specpipe.trees.step import TreeStep
 
     shape = TreeShape.from_config(cfg.get("tree"))
     if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
         return None
-    return TreeStep(target, drafter, shape, rollback, sampler)
+    return TreeStep(target, drafter, shape, rollback, sampler, budget)

@@ -75,6 +75,10 @@ def make_drafter(kind: str, target: Engine, draft_engine: Engine | None = None):
         return NoneDrafter()
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=3)
+    if kind == "lookahead":
+        from specpipe.drafters.lookahead import LookaheadDrafter
+
+        return LookaheadDrafter()
     if kind == "self":
         return ModelDrafter(target=target, load=None, model="self")
     if kind == "model":

@@ -32,7 +32,7 @@ def test_smollm2_greedy_equals_target_alone(smollm2, baseline, kind, k):
 
 
 @pytest.mark.parametrize("shape", ["static", "dynamic"])
-@pytest.mark.parametrize("kind", ["ngram", pytest.param("self", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["ngram", "lookahead", pytest.param("self", marks=pytest.mark.slow)])
 def test_smollm2_tree_greedy_equals_target_alone(smollm2, baseline, kind, shape):
     """Token trees (tree=static / dynamic) on the real model: same tokens as decoding alone."""
     from conftest import run_pipeline

@@ -66,3 +66,12 @@ def test_narrow_80x24(snap_compare):
 
 def test_help_at_80x24(snap_compare):
     assert snap_compare(_app(), terminal_size=(80, 24), run_before=_after("f1"))
+
+
+def test_tree_full_view(snap_compare):
+    """A token-tree run: the step strip shows the branches each step tried (3, 2, then one branch's bar),
+    the accepted path is the accepted span, the other branches one struck-through marker."""
+    from tui_script import scripted_tree_events
+
+    app = ChatApp(ReplaySource(scripted_tree_events(), speed=0), title="scripted tree")
+    assert snap_compare(app, terminal_size=(100, 30), run_before=_after("ctrl+t"))

@@ -19,6 +19,7 @@ class Figures:
     def __init__(self) -> None:
         self.target = self.drafter = self.budget = self.rollback = self.compare = "-"
         self.config_yaml = ""
+        self.tree = ""  # tree != chain: the shape label RunStarted carries
         self.k: int | None = None  # K of the latest step
         self.step_rates: list[float] = []  # acceptance rate per step, whole chat
         self.stop_reason = ""
@@ -35,12 +36,14 @@ class Figures:
             self.target, self.drafter = event.target.name, event.drafter
             self.budget, self.rollback, self.compare = event.budget, event.rollback, event.compare
             self.config_yaml = event.config_yaml or self.config_yaml
+            self.tree = event.tree
             self.stop_reason, self.running, self.peak_memory_bytes = "", True, 0
         elif isinstance(event, Drafted):
             self.k = event.k
             self._step_k[event.step] = len(event.draft_ids)
         elif isinstance(event, Verified):
             drafted = self._step_k.pop(event.step, 0)
+            drafted = event.tree_depth or drafted  # a tree: how deep its accepted path got, not nodes kept
             if drafted:  # plain-decoding steps draft nothing: no rate to plot
                 self.step_rates = (self.step_rates + [len(event.accepted_ids) / drafted])[-SPARK_STEPS:]
         elif isinstance(event, RunFinished):
@@ -62,9 +65,17 @@ class Figures:
             ("K", "-" if self.k is None else str(self.k)),
             ("drafter", self.drafter),
             ("budget", self.budget),
+            *([("tree", short_tree(self.tree))] if self.tree else []),
             ("rollback", self.rollback),
             ("compare", self.compare),
             ("target", self.target),
             ("peak mem", f"{self.peak_memory_bytes / 2**20:.0f} MiB" if self.peak_memory_bytes else "-"),
             ("stop", self.stop_reason or ("running" if self.running else "-")),
         ]
+
+
+def short_tree(label: str) -> str:
+    """A tree label that fits the panel: dynamic(nodes=16, depth=8, width=4) -> dynamic(16); static as is."""
+    if label.startswith("dynamic(nodes="):
+        return f"dynamic({label[len('dynamic(nodes=') :].split(',')[0]})"
+    return label

@@ -5,7 +5,9 @@ Feed a run's events to `AnswerTranscript.consume`; `pieces` is the answer as
 tokens, then the rejected draft span (never part of the answer; the full view
 shows it struck through), then the target's own token (recovered at the first
 rejection, or the bonus after a fully accepted draft; "target" when nothing
-was drafted). `steps` keeps (drafted, accepted) per step for the step strip.
+was drafted). `steps` keeps (drafted, accepted) per step for the step strip,
+`branches` the paths a token tree tried (tree != chain: the accepted path is
+the accepted span; the other branches' nodes are one rejected marker).
 Special tokens (`<|im_end|>`, ...) are text in the events; `split_special`
 finds them so views can drop or mark them, and `answer` leaves them out.
 """
@@ -16,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from specpipe.events import Emitted, RunStarted, Verified
+from specpipe.events import Drafted, Emitted, RunStarted, Verified
 
 ACCEPTED, REJECTED, RECOVERED, BONUS, TARGET = "accepted", "rejected", "recovered", "bonus", "target"
 KINDS = (ACCEPTED, REJECTED, RECOVERED, BONUS, TARGET)
@@ -84,15 +86,26 @@ class AnswerTranscript:
         self.decode = decode
         self.pieces: list[Piece] = []
         self.steps: list[tuple[int, int]] = []  # (drafted, accepted) per verified step, in order
+        # per verified step, branches a token tree tried (root-to-leaf paths); 0 for a chain step
+        self.branches: list[int] = []
         self._verdicts: dict[int, Verified] = {}
+        self._trees: dict[int, list[int]] = {}  # step -> Drafted.tree_parents
 
     def consume(self, event) -> None:
         if isinstance(event, RunStarted):
-            self.pieces, self.steps, self._verdicts = [], [], {}
+            self.pieces, self.steps, self.branches, self._verdicts, self._trees = [], [], [], {}, {}
+        elif isinstance(event, Drafted) and event.tree_parents:
+            self._trees[event.step] = event.tree_parents
         elif isinstance(event, Verified):
             self._verdicts[event.step] = event
             accepted = len(event.accepted_ids)
-            self.steps.append((accepted + len(event.rejected_ids), accepted))
+            parents = self._trees.pop(event.step, [])
+            if event.tree_depth:  # a tree: the strip shows the path's share of the tree's depth
+                self.steps.append((event.tree_depth, accepted))
+                self.branches.append(branch_count(parents))
+            else:
+                self.steps.append((accepted + len(event.rejected_ids), accepted))
+                self.branches.append(0)
         elif isinstance(event, Emitted):
             self.pieces.extend(step_pieces(event, self._verdicts.pop(event.step, None), self.decode))
 
@@ -118,12 +131,21 @@ def step_pieces(emitted: Emitted, verified: Verified | None, decode: Decode | No
     pieces = []
     if accepted_text:
         pieces.append(Piece(accepted_text, ACCEPTED, step))
-    if verified is not None and verified.rejected_ids:
+    if verified is not None and verified.tree_depth and verified.rejected_ids:
+        # a tree's rejected nodes lie on other branches, not after the path: one marker, not their text
+        pieces.append(Piece(f"\u27e8{len(verified.rejected_ids)} other nodes\u27e9", REJECTED, step))
+    elif verified is not None and verified.rejected_ids:
         rejected = getattr(verified, "rejected_text", "") or (decode(verified.rejected_ids) if decode else "")
         pieces.append(Piece(rejected or f"\u27e8{len(verified.rejected_ids)} rejected\u27e9", REJECTED, step))
     if target_text:
         pieces.append(Piece(target_text, target_kind(verified), step))
     return pieces
+
+
+def branch_count(parents: list[int]) -> int:
+    """Root-to-leaf paths of a tree given each node's parent. Example: [-1, 0, 0, -1] -> 3."""
+    inner = set(parents)
+    return sum(i not in inner for i in range(len(parents)))
 
 
 def target_kind(verified: Verified | None) -> str:

@@ -280,10 +280,18 @@ class AutoBudget(BudgetBase):
             self._carry_out()
 
     def observe(
-        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+        self,
+        drafted: int,
+        accepted: int,
+        *,
+        draft_s: float | None = None,
+        verify_s: float | None = None,
+        verified: int | None = None,
     ) -> None:
+        """`verified`: tokens the verify fed after the root when not `drafted` (a token tree's nodes)."""
+        fed = (drafted if verified is None else verified) + 1
         if verify_s:
-            self._observe_verify(drafted + 1, verify_s)
+            self._observe_verify(fed, verify_s)
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
@@ -294,7 +302,7 @@ class AutoBudget(BudgetBase):
         # Only steps after a drafting step: after plain steps a model drafter first catches up on the
         # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
         if draft_s is not None and verify_s and self._drafted_before:
-            t1 = verify_s / self.ratio[min(drafted + 1, max(self.ratio))]  # this step's implied T(1)
+            t1 = verify_s / self.ratio[min(fed, max(self.ratio))]  # this step's implied T(1)
             self.c = self.forget * self.c + (1 - self.forget) * (draft_s / drafted) / t1
         self._drafted_before = True
         self._carry_out()

@@ -55,6 +55,12 @@ class TreeShape:
             )
         raise ConfigError(f"tree={name}: unknown tree shape; use tree=chain, tree=static or tree=dynamic")
 
+    def label(self) -> str:
+        """What RunStarted and reports show: static([4, 2, 1, 1]) or dynamic(nodes=16, depth=8, width=4)."""
+        if self.kind == "static":
+            return f"static({self.branching})"
+        return f"dynamic(nodes={self.nodes}, depth={self.depth}, width={self.width})"
+
     @property
     def max_depth(self) -> int:
         return len(self.branching) if self.kind == "static" else self.depth

@@ -18,6 +18,7 @@ import numpy as np
 
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RolledBack, Verified
+from specpipe.trees.budget import TreeSizer
 from specpipe.trees.drafting import TreeDraft
 from specpipe.trees.forward import keep_path, tree_forward, tree_refusal
 from specpipe.trees.shape import TreeShape
@@ -26,7 +27,7 @@ from specpipe.trees.verify import pick_path, pick_path_sampled
 
 
 class TreeStep:
-    def __init__(self, target, drafter, shape: TreeShape, rollback, sampler=None):
+    def __init__(self, target, drafter, shape: TreeShape, rollback, sampler=None, budget=None):
         """Refuses (SpecpipeError, one line naming tree=chain) targets or drafters that cannot do trees."""
         refusal = tree_refusal(target.model, target.make_cache(), target.info.name, target.info.arch)
         if refusal:
@@ -36,19 +37,33 @@ class TreeStep:
                 f"draft={drafter.name} cannot propose token trees: use tree=chain, or draft=ngram / model"
             )
         self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
+        # the run's budget sizes each tree (trees/budget.py); None: the shape alone decides (scripts, tests)
+        self.sizer = TreeSizer(budget, shape, free=drafter.engine is None) if budget is not None else None
         self.sampler = sampler if sampler is not None and not sampler.greedy else None  # None: greedy
         self.new_ids: list[int] = []
         self.accepted = 0
 
     def run(self, step: int, clock, context: list[int], last_id: int, cache: list, room: int):
         drafter = self.drafter
-        # ---- draft: scored candidates, cut to the shape and to the tokens still wanted
+        # ---- draft: scored candidates, cut to the shape, the budget and the tokens still wanted
         s = time.perf_counter()
         f0 = drafter.forwards
-        draft: TreeDraft = drafter.propose_tree(context, self.shape) if room > 0 else TreeDraft(TokenTree())
-        tree = prune_depth(self.shape.select(draft.candidates), room)
-        draft_s = time.perf_counter() - s
+        shape, probing = self.sizer.plan() if self.sizer is not None else (self.shape, False)
+        wanted = room > 0 and shape is not None
+        draft: TreeDraft = drafter.propose_tree(context, shape) if wanted else TreeDraft(TokenTree())
+        tree = shape.select(draft.candidates) if shape is not None else TokenTree()
         forwards = drafter.forwards - f0
+        decision = None
+        if self.sizer is not None:
+            self.sizer.hindsight(context, None)  # settle what earlier plain steps' candidates predicted
+            if wanted:
+                n = self.sizer.size(tree, forwards, probing)
+                if n == 0:
+                    self.sizer.hindsight(context, tree)  # a free look: checked against the next tokens
+                tree = self.sizer.cut(tree, n)
+            decision = self.sizer.decision if wanted or shape is None else None  # room 0: nothing to decide
+        tree = prune_depth(tree, room)
+        draft_s = time.perf_counter() - s
         yield Drafted(
             t=clock(),
             step=step,
@@ -59,6 +74,8 @@ class TreeStep:
             forwards=forwards,
             draft_forwards=forwards,
             catchup_tokens=draft.catchup_tokens,
+            probe=probing and len(tree) > 0,
+            decision=decision,
         )
 
         # ---- verify + compare: one forward over [last_id, *nodes], the longest path the target agrees with
@@ -81,6 +98,9 @@ class TreeStep:
             tree_depth=max(tree.depths(), default=0),
         )
 
+        if hasattr(drafter, "observe_tree"):  # draft=lookahead: the window's outputs advance its Jacobi iteration
+            drafter.observe_tree(len(context), tree, mx.argmax(logits, axis=-1).tolist(), len(path_ids) + 1)
+
         # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
         s = time.perf_counter()
         keep_path(cache, start, [0] + [i + 1 for i in verdict.path])
@@ -98,6 +118,8 @@ class TreeStep:
             draft_dropped=draft_drop,
             seconds=time.perf_counter() - s,
         )
+        if self.sizer is not None:
+            self.sizer.observe(tree, verdict.path, draft_s, verify_s, forwards)
         self.new_ids, self.accepted = path_ids + [verdict.next_id], len(path_ids)
 
     def _compare(self, tree: TokenTree, logits: mx.array):

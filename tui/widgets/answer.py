@@ -44,4 +44,5 @@ class Answer(TokenView):
     def refresh_text(self) -> None:
         self.update(self.styled(self.transcript.pieces, self.mode, self.special))
         self.display = bool(self.transcript.pieces)  # no empty line before the first token
-        self.strip.show_steps(self.transcript.steps if self.mode != "plain" else [], self.note)
+        plain = self.mode == "plain"
+        self.strip.show_steps([] if plain else self.transcript.steps, self.note, self.transcript.branches)

@@ -1,0 +1,233 @@
+"""How many nodes a tree step verifies: the run's `budget` applied to trees.
+
+Contract: `TreeSizer(budget, shape, free)` is asked once per step. Any budget
+but auto caps the node count at its K (`budget=fixed budget.k=8` verifies at
+most 8 nodes; a larger static shape keeps its 8 best-scored nodes). With
+`budget=auto` the sizer chooses the node count N (and, for a drafter that pays
+per drafted level, the depth) from the drafter's scored candidates, the
+measured acceptance by depth, and auto's verify curve T(n)/T(1) and draft cost
+c (read through AutoBudget's public `ratio`, `c`, `alpha`, `continuation`):
+
+    expected tokens(N) = 1 + sum over the N best nodes of min(1, lambda_d * score)
+    cost(N)            = depth * c + T(N + 1) / T(1)
+
+and N = 0 (a plain step, 1.0) when no N beats it. lambda_d calibrates the
+drafter's scores at depth d: accepted nodes at depth d over the scores of the
+nodes verified there (forgetting, prior from auto's chain rates). A free
+drafter (n-gram, lookahead) still proposes on plain steps, and its candidates
+are checked in hindsight against the tokens the target then emitted: evidence
+at no verify cost, as the chain's auto does. A drafter with a cost probes on
+auto's schedule (probe_every plain steps, doubling up to probe_max while a
+probe leaves N at 0). Every choice is a BudgetDecision on the step's Drafted.
+
+Worked example: scores of the 3 best nodes [1.0, 0.5, 0.2] at depths
+[1, 2, 1], lambda = [0.6, 0.5], c = 0, T(2..4)/T(1) = [1.05, 1.1, 1.15]:
+tokens 1.6 / 1.05 = 1.52 (N=1), 1.85 / 1.1 = 1.68 (N=2), 1.97 / 1.15 = 1.71 (N=3) -> N = 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specpipe.events import BudgetDecision
+from specpipe.trees.shape import TreeShape
+from specpipe.trees.tree import TokenTree, select_dynamic
+
+FORGET = 0.9  # per tree step, as auto's rates: acceptance follows the text
+PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates
+
+
+@dataclass
+class _Hindsight:
+    """Candidates a free drafter proposed on a plain step, waiting for the tokens that followed."""
+
+    tree: TokenTree
+    position: int  # len(context) when proposed: the first token it predicts is context[position]
+
+
+@dataclass
+class TreeSizer:
+    budget: Any  # the run's Budget; AutoBudget is read through its public rates and costs
+    shape: TreeShape
+    free: bool  # the drafter costs nothing per proposal (n-gram, lookahead): candidates every step
+    accepted: dict[int, float] = field(default_factory=dict)  # depth -> accepted nodes (forgetting sum)
+    scored: dict[int, float] = field(default_factory=dict)  # depth -> scores of the nodes verified there
+    reached: dict[int, list[float]] = field(default_factory=dict)  # depth -> [path reached it, tree had it]
+    decision: BudgetDecision | None = None
+    _pending: list[_Hindsight] = field(default_factory=list)
+    _since_probe: int = 0
+    _probe_wait: int = 1
+
+    @property
+    def auto(self) -> bool:
+        return self.budget.name == "auto"
+
+    # ---------------------------------------------------------------- before drafting
+
+    def plan(self) -> tuple[TreeShape | None, bool]:
+        """(the shape to draft this step, whether it is a probe); shape None: a plain step without
+        proposing (a drafter that costs, on auto, when nothing pays and no probe is due)."""
+        if not self.auto or self.free:
+            return self.shape, False
+        depth = self._depth_worth_drafting()
+        if depth > 0:
+            self._since_probe, self._probe_wait = 0, self.budget.probe_every
+            return self._with_depth(depth), False
+        self._since_probe += 1
+        if self._since_probe >= self._probe_wait:
+            w, every = self._probe_wait, self.budget.probe_every
+            self._since_probe = 0
+            self._probe_wait = every if w < every else min(2 * w, self.budget.probe_max)
+            return self._with_depth(max(2, self.budget.probe_k)), True
+        self.decision = self._decide(0, "plain", 1.0, 0)
+        return None, False
+
+    def _with_depth(self, depth: int) -> TreeShape:
+        if self.shape.kind != "dynamic" or depth >= self.shape.depth:
+            return self.shape
+        return replace(self.shape, depth=depth, branching=self.shape.branching[:depth])
+
+    def _depth_worth_drafting(self) -> int:
+        """Deepest level d whose chance of being reached is at least its draft cost c: a level the
+        path rarely reaches does not pay for the draft forward that proposes it."""
+        c = self._c()
+        depth = 0
+        for d in range(1, self.shape.max_depth + 1):
+            if self._reach(d) >= c:
+                depth = d
+            else:
+                break
+        best, _ = self._best_n_from_rates(depth)
+        return depth if best > 0 else 0
+
+    def _best_n_from_rates(self, depth: int) -> tuple[int, float]:
+        """Before a costly draft: the chain of `depth` priced on the reach rates (a tree does at least as well)."""
+        tokens, best, best_n = 1.0, 1.0, 0
+        for d in range(1, depth + 1):
+            tokens += self._reach(d)
+            value = tokens / (depth * self._c() + self._ratio(d + 1))
+            if value > best:
+                best, best_n = value, d
+        return best_n, best
+
+    # ---------------------------------------------------------------- after drafting
+
+    def size(self, selected: TokenTree, draft_forwards: int, probing: bool = False) -> int:
+        """Nodes to verify out of the shape's `selected` tree (the best-scored ones when cut)."""
+        if not self.auto:
+            self.decision = self.budget.decision
+            return min(len(selected), int(self.budget.next_k()))
+        order = _score_order(selected)
+        depths = selected.depths()
+        draft_cost = draft_forwards * self._c()  # already spent: it decides what to draft (plan), not what to verify
+        tokens, best, best_n, best_tokens = 1.0, 1.0, 0, 1.0
+        for n, i in enumerate(order, start=1):
+            tokens += min(1.0, self._lambda(depths[i]) * selected.scores[i])
+            value = tokens / self._ratio(n + 1)
+            if value > best + 1e-9:
+                best, best_n, best_tokens = value, n, tokens
+        if best_n == 0 and probing:
+            best_n = min(len(selected), max(2, self.budget.probe_k))
+        reason = "probe" if probing else "cost model" if best_n else "plain"
+        predicted = best_tokens / (draft_cost + self._ratio(best_n + 1)) if best_n else 1.0
+        self.decision = self._decide(best_n, reason, predicted, draft_forwards)
+        return best_n
+
+    def cut(self, selected: TokenTree, n: int) -> TokenTree:
+        """The n best-scored nodes of `selected` (a tree: parents score at least their children)."""
+        return selected if n >= len(selected) else select_dynamic(selected, n)
+
+    # ---------------------------------------------------------------- after verifying
+
+    def observe(self, tree: TokenTree, path: list[int], draft_s: float, verify_s: float, depth: int) -> None:
+        """One verified tree (possibly empty: a plain step) and its accepted path."""
+        if tree.tokens:
+            self._count(tree, len(path))
+        if self.auto:
+            # auto's own bookkeeping: its verify-curve correction (n = nodes + 1) and draft cost per level
+            drafted = depth if tree.tokens else 0
+            self.budget.observe(drafted, len(path), draft_s=draft_s, verify_s=verify_s, verified=len(tree))
+        else:
+            self.budget.observe(len(tree), len(path), draft_s=draft_s, verify_s=verify_s)  # adaptive learns
+
+    def hindsight(self, context: list[int], plain_candidates: TokenTree | None) -> None:
+        """Free drafters on auto: settle earlier plain steps' candidates against the tokens that came
+        after them (`context`), and keep this plain step's candidates for the next steps."""
+        if not (self.auto and self.free):
+            return
+        still = []
+        for h in self._pending:
+            after = context[h.position :]
+            path = _follow(h.tree, after)
+            if len(path) < len(after) or (path and not h.tree.children(path[-1])):
+                self._count(h.tree, len(path))  # the path left the tree, or reached a leaf: final
+            else:
+                still.append(h)  # every token so far is on the tree and it goes deeper: wait
+        self._pending = still[-self.shape.max_depth :]
+        if plain_candidates is not None and len(plain_candidates):
+            self._pending.append(_Hindsight(plain_candidates, len(context)))
+
+    # ---------------------------------------------------------------- rates
+
+    def _count(self, tree: TokenTree, path_len: int) -> None:
+        depths = tree.depths()
+        for d in set(depths):
+            s = sum(sc for sc, dd in zip(tree.scores, depths) if dd == d)
+            self.scored[d] = FORGET * self.scored.get(d, 0.0) + s
+            self.accepted[d] = FORGET * self.accepted.get(d, 0.0) + (path_len >= d)
+            r = self.reached.setdefault(d, [0.0, 0.0])
+            r[0], r[1] = FORGET * r[0] + (path_len >= d), FORGET * r[1] + 1
+
+    def _prior_reach(self, d: int) -> float:
+        alpha, g = (float(self.budget.alpha), float(self.budget.continuation)) if self.auto else (0.5, 0.5)
+        return alpha * g ** (d - 1)
+
+    def _reach(self, d: int) -> float:
+        """P(the accepted path reaches depth d), measured, with auto's chain rates as prior."""
+        hit, trials = self.reached.get(d, [0.0, 0.0])
+        return (hit + PRIOR_TRIALS * self._prior_reach(d)) / (trials + PRIOR_TRIALS)
+
+    def _lambda(self, d: int) -> float:
+        """Accepted nodes per unit of score at depth d (scores are shares or probabilities, not rates)."""
+        prior = self._prior_reach(d)
+        return (self.accepted.get(d, 0.0) + PRIOR_TRIALS * prior) / (self.scored.get(d, 0.0) + PRIOR_TRIALS)
+
+    def reach_by_depth(self) -> dict[int, float]:
+        return {d: round(self._reach(d), 3) for d in sorted(self.reached)}
+
+    def _ratio(self, n: int) -> float:
+        ratio = self.budget.ratio
+        return ratio[min(n, max(ratio))]
+
+    def _c(self) -> float:
+        return float(self.budget.c) if self.auto else 0.0
+
+    def _decide(self, n: int, reason: str, predicted: float, depth: int) -> BudgetDecision:
+        return BudgetDecision(
+            k=n,
+            reason=f"tree {reason}",
+            predicted=round(predicted, 4),
+            alpha=round(self._reach(1), 4),
+            continuation=round(self._reach(2) / max(self._reach(1), 1e-9), 4),
+            c=round(self._c(), 4),
+            t_verify=round(self._ratio(n + 1), 4),
+        )
+
+
+def _score_order(tree: TokenTree) -> list[int]:
+    """Nodes best score first, parents before children on ties (select_dynamic's order)."""
+    depths = tree.depths()
+    return sorted(range(len(tree)), key=lambda i: (-tree.scores[i], depths[i], i))
+
+
+def _follow(tree: TokenTree, tokens: list[int]) -> list[int]:
+    """The nodes along `tokens` from the root, as far as the tree has them."""
+    node, path = -1, []
+    for tok in tokens:
+        nxt = next((i for i, p in enumerate(tree.parents) if p == node and tree.tokens[i] == tok), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return path
