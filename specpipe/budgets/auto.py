@@ -96,6 +96,8 @@ class AutoBudget(BudgetBase):
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
+        self._base: dict[int, float] = {}  # the short-context curve (the ratio setter fills it)
+        self._calibrated: dict[int, float] = {}
         self._seconds: dict[int, float] = {}  # n -> this run's verify seconds over n tokens (forgetting average)
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
