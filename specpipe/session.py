@@ -17,6 +17,7 @@ from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.engine.context import check_room
 from specpipe.engine.kv import FullKV
 from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
@@ -89,6 +90,9 @@ class Session:
 
         self.sampler.reset()  # same seed, same tokens, every generation
         max_tokens = self.cfg.max_tokens if max_tokens is None else max_tokens
+        check_room(self.target, len(prompt_ids), max_tokens)  # before the first forward, not minutes into it
+        if self.drafter.engine is not None:  # a draft model with a shorter context would fail mid-run
+            check_room(self.drafter.engine, len(prompt_ids), max_tokens)
         started = RunStarted(
             target=self.target.info,
             draft=self.draft_info,

@@ -125,6 +125,8 @@ def test_stop_string_and_plain_completions(servers):
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "unknown role"),
         ("/v1/completions", {"prompt": 3}, "invalid request"),
         ("/v1/nothing", {}, "no route"),
+        ("/v1/completions", {"prompt": "w " * 9000, "max_tokens": 8}, "context is 8192 tokens"),
+        ("/v1/completions", {"prompt": "w " * 6000, "max_tokens": 4096}, "past smollm2-135m's context of 8192"),
     ],
 )
 def test_bad_requests_are_one_line(servers, path, body, words):

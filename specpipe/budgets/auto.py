@@ -55,6 +55,7 @@ from collections import deque
 
 from specpipe.budgets.fixed import K_MAX
 from specpipe.core.protocols import BudgetBase, Drafter
+from specpipe.costmodel.context_curve import ContextCurve
 from specpipe.errors import SpecpipeError
 from specpipe.events import BudgetDecision
 
@@ -98,6 +99,8 @@ class AutoBudget(BudgetBase):
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
+        self._base: dict[int, float] = {}  # the short-context curve (the ratio setter fills it)
+        self._calibrated: dict[int, float] = {}
         self._seconds: dict[int, deque[float]] = {}  # n -> this run's last verify seconds over n tokens
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
@@ -106,6 +109,7 @@ class AutoBudget(BudgetBase):
         self.hindsight_k = 0
         self.decision: BudgetDecision | None = None  # why the last next_k chose its K
         self._key: tuple | None = None
+        self._context: ContextCurve | None = None  # T(n)/T(1) by cache length, from prepare
         self.k = self.best_k()
 
     def prepare(self, target, drafter: Drafter) -> None:
@@ -115,11 +119,18 @@ class AutoBudget(BudgetBase):
         from specpipe.costmodel.calibration import draft_cost, verify_cost_curve
 
         self.ratio = verify_cost_curve(target, self.quick)["ratio"]
+        self._context = ContextCurve(target)  # long contexts: T(n)/T(1) timed there, on first need
         self.c = draft_cost(drafter, target, self.quick)
         self.hindsight = drafter.supports_hindsight
         self._key = _pair_key(target, drafter)
         self._carry_in(_LEARNED.get(self._key))
         self.k = self.best_k()
+
+    def at_context(self, cache_len: int) -> None:
+        """Price verifies with the curve timed near this cache length; this run's timings still correct it."""
+        calibrated = self._context.ratio_at(cache_len, self._base) if self._context is not None else self._base
+        if calibrated is not self._calibrated:
+            self._calibrated, self._curve = calibrated, dict(calibrated)
 
     @property
     def ratio(self) -> dict[int, float]:
@@ -128,7 +139,7 @@ class AutoBudget(BudgetBase):
 
     @ratio.setter
     def ratio(self, calibrated: dict[int, float]) -> None:
-        self._calibrated = dict(calibrated)
+        self._base = self._calibrated = dict(calibrated)  # _base: the short-context curve at_context starts from
         self._seconds.clear()
         self._curve = dict(calibrated)
 

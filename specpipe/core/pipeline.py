@@ -152,6 +152,7 @@ class SpeculativePipeline:
                     if control.k is not None:
                         k, decision = control.k, BudgetDecision(k=control.k, reason="override")
                     else:
+                        self.budget.at_context(len(context) - 1)  # the cache holds all but the newest token
                         k = self.budget.next_k()
                         decision = self.budget.decision
                     k = min(k, max_tokens - len(output) - 1)

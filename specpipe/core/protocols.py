@@ -118,6 +118,9 @@ class Budget(Protocol):
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         """Once, after the models load: measure what the budget needs from them (auto calibrates)."""
 
+    def at_context(self, cache_len: int) -> None:
+        """Before next_k: the target cache holds `cache_len` positions (auto prices verifies by it)."""
+
     def next_k(self) -> int:
         """K for this step (0: plain decoding)."""
 
@@ -144,6 +147,9 @@ class BudgetBase:
 
     def observe_hindsight(self, checked: int, matched: int) -> None:
         pass  # never asked while hindsight_k is 0
+
+    def at_context(self, cache_len: int) -> None:
+        pass  # K does not depend on the context length
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus

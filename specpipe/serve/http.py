@@ -16,6 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from specpipe.core.sampling import check_sampling
+from specpipe.engine.context import overflow_message
 from specpipe.serve.openai_api import (
     BadRequest,
     chunk_body,
@@ -145,6 +146,9 @@ class _Handler(BaseHTTPRequestHandler):
             ids = list(target.tokenizer.encode(request.prompt))
         if not ids:
             raise BadRequest("the prompt is empty")
+        overflow = overflow_message(target, len(ids), max_tokens)
+        if overflow:  # a 400 now, not a failure after the request waited in the queue
+            raise BadRequest(overflow)
         return Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed, sampling=sampling)
 
     def _results(self, job: Job):
