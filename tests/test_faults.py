@@ -223,7 +223,16 @@ def test_replay_skips_a_torn_last_line(tmp_path):
 @pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGHUP, 129, "SIGHUP")])
 def test_stop_signal_during_generation(tmp_path, sig, code, name):
     chars = random.Random(sig).randint(5, 60)  # a different point of the stream per signal, reproducibly
-    proc = start("specpipe.cli", [*SLOW_TINY, "max_tokens=100000", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    proc = start(
+        "specpipe.cli",
+        [
+            *SLOW_TINY,
+            "max_tokens=100000",
+            "+model.tiny.max_position_embeddings=1000000",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        tmp_path,
+    )
     out = ""
     while len(out) < chars:
         out += proc.stdout.read(1)
@@ -268,7 +277,16 @@ def test_ctrl_c_reaches_a_long_prefill(tmp_path):
 
 
 def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
-    proc = start("specpipe.cli", [*SLOW_TINY, "max_tokens=100000", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    proc = start(
+        "specpipe.cli",
+        [
+            *SLOW_TINY,
+            "max_tokens=100000",
+            "+model.tiny.max_position_embeddings=1000000",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        tmp_path,
+    )
     proc.stdout.read(5)  # `specpipe ... | head -c 5`
     proc.stdout.close()
     err = proc.stderr.read()

@@ -320,7 +320,10 @@ async def test_keys_match_the_footer_when_idle():
 
 
 async def test_live_chat_streams_stops_and_clears(tmp_path):
-    source = LiveSource(tiny_cfg("max_tokens=100000"), record_to=tmp_path / "events.jsonl")
+    source = LiveSource(
+        tiny_cfg("max_tokens=100000", "+model.tiny.max_position_embeddings=1000000"),
+        record_to=tmp_path / "events.jsonl",
+    )
     app = ChatApp(source)
     batches = []
     async with app.run_test(
@@ -467,7 +470,10 @@ def test_resume_errors_are_one_line(args, words):
 
 
 async def test_quit_mid_answer_keeps_the_recording_whole(tmp_path):
-    source = LiveSource(tiny_cfg("max_tokens=100000"), record_to=tmp_path / "events.jsonl")
+    source = LiveSource(
+        tiny_cfg("max_tokens=100000", "+model.tiny.max_position_embeddings=1000000"),
+        record_to=tmp_path / "events.jsonl",
+    )
     app = ChatApp(source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.click("#prompt")
@@ -496,7 +502,10 @@ async def test_sigterm_mid_answer_exits_143_and_keeps_the_recording(tmp_path):
     import os
     import signal
 
-    source = LiveSource(tiny_cfg("max_tokens=100000"), record_to=tmp_path / "events.jsonl")
+    source = LiveSource(
+        tiny_cfg("max_tokens=100000", "+model.tiny.max_position_embeddings=1000000"),
+        record_to=tmp_path / "events.jsonl",
+    )
     app = ChatApp(source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.click("#prompt")
