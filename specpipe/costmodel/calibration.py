@@ -38,10 +38,15 @@ def calibration_key(engine) -> str:
 
 def time_forwards(engine, points: list[int], repeats: int = 3) -> dict[int, float]:
     """Fastest of `repeats` timings of one forward over n tokens, after CONTEXT cached tokens."""
-    from mlx_lm.models.cache import trim_prompt_cache
-
     cache = engine.make_cache()
     engine.prefill(list(range(10, 10 + CONTEXT)), cache)
+    return time_on_cache(engine, cache, points, repeats)
+
+
+def time_on_cache(engine, cache, points: list[int], repeats: int = 3) -> dict[int, float]:
+    """Fastest of `repeats` timings of one forward over n tokens on a filled `cache` (left as it was)."""
+    from mlx_lm.models.cache import trim_prompt_cache
+
     ids = mx.array([(7 * i) % 97 + 10 for i in range(max(points))], dtype=mx.uint32)
     mx.eval(engine.forward(ids[:4], cache).logits)  # warm-up: allocations, kernel selection
     trim_prompt_cache(cache, 4)

@@ -15,11 +15,10 @@ many positions it attends to, not on what they hold. It never touches a run's ca
 from __future__ import annotations
 
 import json
-import time
 
 import mlx.core as mx
 
-from specpipe.costmodel.calibration import QUICK_POINTS, calibration_key, interpolate
+from specpipe.costmodel.calibration import QUICK_POINTS, calibration_key, interpolate, time_on_cache
 from specpipe.engine.load.model_store import cache_dir
 
 FIRST_CONTEXT = 512  # below this the short-context calibration holds (it was timed at 128)
@@ -66,23 +65,9 @@ def _kv_shapes(layer):
 
 def time_at_context(engine, length: int, points=QUICK_POINTS, repeats: int = 3) -> dict[int, float]:
     """Fastest of `repeats` timings of one forward over n tokens after `length` cached positions."""
-    from mlx_lm.models.cache import trim_prompt_cache
-
     cache = engine.make_cache()
     fill_cache(engine, cache, length)
-    ids = mx.array([(7 * i) % 97 + 10 for i in range(max(points))], dtype=mx.uint32)
-    mx.eval(engine.forward(ids[:4], cache).logits)  # warm-up: allocations, kernel selection
-    trim_prompt_cache(cache, 4)
-    out = {}
-    for n in points:
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            mx.eval(engine.forward(ids[:n], cache).logits)
-            samples.append(time.perf_counter() - start)
-            trim_prompt_cache(cache, n)
-        out[n] = min(samples)  # interference only ever adds time
-    return out
+    return time_on_cache(engine, cache, list(points), repeats)
 
 
 def context_key(engine) -> str:
