@@ -205,3 +205,10 @@ def test_one_descheduled_plain_step_does_not_make_long_verifies_look_free():
     assert b.ratio[10] >= b.ratio[4] >= 0.04 / 0.03 - 1e-9  # longer never cheaper; the spike ignored
     b.next_k()
     assert b.decision.reason != "cost model"  # at most a scheduled probe, never a draft the model "prices"
+
+
+def test_a_calibration_that_says_a_longer_verify_is_cheaper_is_not_believed():
+    """A fresh calibration of a tiny model timed T(3)/T(1) = 0.69; the decision logged t_verify < 1."""
+    b = AutoBudget(k_max=16)
+    b.ratio = {1: 1.0, 2: 1.3, 3: 0.69, 5: 1.2, 9: 2.0, 17: 1.7, 33: 3.0}
+    assert b.ratio == {1: 1.0, 2: 1.3, 3: 1.3, 5: 1.3, 9: 2.0, 17: 2.0, 33: 3.0}
