@@ -63,7 +63,10 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     reason: "cost model" (K maximised the predicted speed-up), "probe" (a short
     draft bought on thin evidence or on the probe schedule; `predicted` is then
     the cost model's figure for that K), "plain" (no K beats plain decoding),
-    "override" (RunControl set K).
+    "override" (RunControl set K), "cap" (a free drafter that classifies its
+    drafts may propose up to K; found nothing to propose).
+    evidence: the class of the draft in hand when K was fitted to it (n-gram:
+    the matched suffix length); the rates are then that class's.
     """
 
     k: int
@@ -73,6 +76,7 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     continuation: float = 0.0  # P(next accepted | previous accepted) it used
     c: float = 0.0  # one drafted token's cost, in target steps, it used
     t_verify: float = 0.0  # T(K+1)/T(1) it used
+    evidence: int | None = None
 
 
 class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -29,6 +29,15 @@ cannot predict costs a few probes, not one every 8 steps. The very first
 K = 0 decision probes at once, so a prior that says "plain" does not cost a
 run its first steps.
 
+Drafters that classify their drafts (`last_evidence`; n-gram: the length
+of the matched suffix) get rates per class too: a draft is sized by its own
+class's rates once proposed (`fit`), and a free drafter (n-gram) is asked for
+up to k_max tokens every step so that fit, not the pooled rates, decides. On
+the code suite a 1-token n-gram match led to an accepted first token 30% of
+the time and a 4-token match 87%: pooled, those make one K too long for the
+first and too short for the second. A new class starts from the pooled
+rates (PRIOR_TRIALS trials' worth).
+
 Drafters that can guess tokens the target already emitted without a target
 forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
@@ -61,6 +70,7 @@ from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
 MEASURED_WINDOW = 9  # verify timings: the median of the last few per length, robust to a descheduled step
+PRIOR_TRIALS = 2.0  # weight of the pooled rates a new evidence class starts from
 CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
 # (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
 # sweep job) starts from them instead of the 0.5 prior. Within a session one budget serves every turn.
@@ -97,6 +107,9 @@ class AutoBudget(BudgetBase):
         # a weak prior, two trials' worth each: [successes, failures]
         self._first = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
+        # evidence class -> its own [first, next] counts (a drafter's last_evidence; fit sizes drafts by them)
+        self._classes: dict[int, tuple[list[float], list[float]]] = {}
+        self._step_evidence: int | None = None  # the class fit saw this step, for observe
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
         self._base: dict[int, float] = {}  # the short-context curve (the ratio setter fills it)
@@ -171,11 +184,17 @@ class AutoBudget(BudgetBase):
             return
         scale = lambda counts: [x * min(1.0, CARRY_TRIALS / sum(counts)) for x in counts]  # noqa: E731
         self._first, self._next = scale(learned["first"]), scale(learned["next"])
+        self._classes = {e: (scale(f), scale(n)) for e, (f, n) in learned.get("classes", {}).items()}
         self.c = learned["c"]
 
     def _carry_out(self) -> None:
         if self._key is not None:
-            _LEARNED[self._key] = {"first": list(self._first), "next": list(self._next), "c": self.c}
+            _LEARNED[self._key] = {
+                "first": list(self._first),
+                "next": list(self._next),
+                "classes": {e: (list(f), list(n)) for e, (f, n) in self._classes.items()},
+                "c": self.c,
+            }
 
     @property
     def alpha(self) -> float:
@@ -187,12 +206,20 @@ class AutoBudget(BudgetBase):
         """P(a drafted token is accepted | the one before it was)."""
         return self._next[0] / sum(self._next)
 
-    def _count(self, drafted: int, accepted: int) -> None:
-        """One step's evidence: a draft of `drafted` tokens whose first `accepted` were right."""
-        f = self.forget
-        self._first = [f * self._first[0] + (accepted > 0), f * self._first[1] + (accepted == 0)]
-        if accepted > 0 and drafted > 1:  # tokens 2..: each tried only when the previous one held
-            self._next = [f * self._next[0] + accepted - 1, f * self._next[1] + (accepted < drafted)]
+    def _count(self, drafted: int, accepted: int, evidence: int | None = None) -> None:
+        """One step's evidence: a draft of `drafted` tokens whose first `accepted` were right; a draft of
+        class `evidence` counts for that class's rates as well as the pooled ones."""
+        self._first, self._next = _counted(self._first, self._next, drafted, accepted, self.forget)
+        if evidence is not None:
+            first, nxt = self._class(evidence)
+            self._classes[evidence] = _counted(first, nxt, drafted, accepted, self.forget)
+
+    def _class(self, evidence: int) -> tuple[list[float], list[float]]:
+        """A class's [first, next] counts; a new one starts from the pooled rates, PRIOR_TRIALS' worth."""
+        if evidence not in self._classes:
+            prior = lambda counts: [x * PRIOR_TRIALS / sum(counts) for x in counts]  # noqa: E731
+            self._classes[evidence] = (prior(self._first), prior(self._next))
+        return self._classes[evidence]
 
     @property
     def alpha_optimistic(self) -> float:
@@ -221,11 +248,14 @@ class AutoBudget(BudgetBase):
         agrees proves little about long drafts and, where a short verify costs as much as a long one, costs as much."""
         return max(self.probe_k, self._best(self.alpha_optimistic, self.continuation_optimistic))
 
-    def _decide(self, k: int, reason: str) -> int:
-        """Record why this step drafts k (the step's Drafted event carries it) and return k."""
+    def _decide(
+        self, k: int, reason: str, rates: tuple[float, float] | None = None, evidence: int | None = None
+    ) -> int:
+        """Record why this step drafts k (the step's Drafted event carries it) and return k. `rates`: the
+        (alpha, continuation) used when not the pooled ones (an evidence class's)."""
         from specpipe.costmodel.calibration import expected_speedup
 
-        a, g = (
+        a, g = rates or (
             (self.alpha_optimistic, self.continuation_optimistic)
             if reason == "probe"
             else (self.alpha, self.continuation)
@@ -238,6 +268,7 @@ class AutoBudget(BudgetBase):
             continuation=round(g, 4),
             c=round(self.c, 4),
             t_verify=round(self.ratio[min(k + 1, max(self.ratio))], 4),
+            evidence=evidence,
         )
         return k
 
@@ -251,6 +282,11 @@ class AutoBudget(BudgetBase):
     def next_k(self) -> int:
         """K for this step. With K = 0, `hindsight_k` > 0 asks the pipeline to look back instead."""
         self.hindsight_k = 0
+        self._step_evidence = None
+        if self._classes and self.c * self.k_max < FREE:
+            # a free drafter that classifies its drafts: let it propose all it can, fit sizes the draft
+            self.k = self.k_max
+            return self._decide(self.k, "cap")
         self.k = self._best(self.alpha)
         if self.k > 0:
             self._since_probe = 0  # counts plain steps since the last draft or probe
@@ -272,18 +308,43 @@ class AutoBudget(BudgetBase):
             self.k = self._probe_size()
         return self._decide(self.k, "probe" if self.k else "plain")
 
+    def fit(self, evidence: int, k: int) -> int:
+        """K for a draft of class `evidence` in hand (at most k): that class's rates through the cost model.
+        When they say plain, a drafter that can look back does so (free evidence, as in next_k); another gets
+        a probe when only the class's optimistic rates say drafting pays."""
+        self._step_evidence = evidence
+        first, nxt = self._class(evidence)
+        rates = (first[0] / sum(first), nxt[0] / sum(nxt))
+        best, reason = self._best(*rates), "cost model"
+        if best == 0:
+            hopeful = (_optimistic(first), _optimistic(nxt))
+            if self.hindsight:
+                reason = "plain"
+                self.hindsight_k = self.probe_k if self.c * self.probe_k < FREE else 1
+            elif self._best(*hopeful) > 0:
+                best, reason, rates = max(self.probe_k, self._best(*hopeful)), "probe", hopeful
+            else:
+                reason = "plain"
+        if 0 < best < self.probe_k and self.c * self.probe_k < FREE:
+            # never one free token alone: a one-token draft teaches nothing of the class's continuation,
+            # which then stays at its prior, and the second token's verify costs next to nothing
+            best = self.probe_k
+        self.k = min(best, k)
+        return self._decide(self.k, reason, rates, evidence)
+
     def _advance_probe_schedule(self) -> None:
         """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
         w = self._probe_wait
         self._since_probe = 0
         self._probe_wait = self.probe_every if w < self.probe_every else min(2 * w, self.probe_max)
 
-    def observe_hindsight(self, checked: int, matched: int) -> None:
-        """The drafter guessed `checked` tokens the target had already emitted, the first `matched` right."""
+    def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
+        """The drafter guessed `checked` tokens the target had already emitted, the first `matched` right
+        (a guess of class `evidence`)."""
         if self._since_probe >= self._probe_wait:
             self._advance_probe_schedule()
         if checked:
-            self._count(checked, matched)
+            self._count(checked, matched, evidence)
             self._carry_out()
 
     def observe(
@@ -299,10 +360,11 @@ class AutoBudget(BudgetBase):
         fed = (drafted if verified is None else verified) + 1
         if verify_s:
             self._observe_verify(fed, verify_s)
+        evidence, self._step_evidence = self._step_evidence, None
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
-        self._count(drafted, accepted)
+        self._count(drafted, accepted, evidence)
         if accepted == drafted and self.decision is not None and self.decision.reason == "probe":
             # a probe that held entirely is a lead, not a reason to wait longer: probe again next step
             self._since_probe, self._probe_wait = 0, 1
@@ -329,6 +391,17 @@ def _monotone(curve: dict[int, float]) -> dict[int, float]:
     for n in sorted(curve):
         highest = out[n] = 1.0 if n == 1 else max(highest, curve[n])
     return out
+
+
+def _counted(
+    first: list[float], nxt: list[float], drafted: int, accepted: int, forget: float
+) -> tuple[list[float], list[float]]:
+    """[successes, failures] counts for the first token and the continuation, after one draft of `drafted`
+    tokens whose first `accepted` held, the old evidence discounted by `forget`."""
+    first = [forget * first[0] + (accepted > 0), forget * first[1] + (accepted == 0)]
+    if accepted > 0 and drafted > 1:  # tokens 2..: each tried only when the previous one held
+        nxt = [forget * nxt[0] + accepted - 1, forget * nxt[1] + (accepted < drafted)]
+    return first, nxt
 
 
 def _optimistic(counts: list[float]) -> float:

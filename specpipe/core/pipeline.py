@@ -160,6 +160,11 @@ class SpeculativePipeline:
                     f0 = self.drafter.forwards
                     draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
                     f1 = self.drafter.forwards
+                    if draft.token_ids and self.drafter.last_evidence is not None and control.k is None:
+                        # the drafter said how sure this draft is (n-gram: the match length): the budget keeps
+                        # as much of it as that class's acceptance pays for, maybe none (a plain step)
+                        k = self.budget.fit(self.drafter.last_evidence, min(k, len(draft.token_ids)))
+                        decision = self.budget.decision
                     draft.token_ids = draft.token_ids[: max(k, 0)]
                     k_eff = len(draft.token_ids)
                     looked_back, matched = self._hindsight(k, len(output), context) if control.k is None else ([], 0)
@@ -269,7 +274,7 @@ class SpeculativePipeline:
             return [], 0
         guess = self.drafter.hindsight(context, m)[:m]
         matched = first_false([g == t for g, t in zip(guess, context[-m:])])  # the greedy comparator's rule
-        self.budget.observe_hindsight(len(guess), matched)
+        self.budget.observe_hindsight(len(guess), matched, evidence=self.drafter.last_evidence)
         return guess, matched
 
 

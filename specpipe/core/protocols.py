@@ -46,6 +46,10 @@ class Drafter(Protocol):
     def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
     @property
     def needs_hidden(self) -> bool: ...  # True: the pipeline calls observe_hidden with the target's hidden states
+    @property
+    def last_evidence(self) -> int | None: ...  # how sure its last propose / hindsight was, as a class
+
+    # (n-gram: the length of the matched suffix); None: it does not say. budget=auto keeps rates per class.
 
     def use_rollback(self, strategy: Rollback) -> None:
         """Roll its own cache back with `strategy` (SpecpipeError now if it cannot)."""
@@ -78,6 +82,7 @@ class DrafterBase:
     cost_per_token: float | None = None
     supports_hindsight: bool = False
     needs_hidden: bool = False
+    last_evidence: int | None = None
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         return []  # never asked while supports_hindsight is False
@@ -129,8 +134,13 @@ class Budget(Protocol):
     ) -> None:
         """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds."""
 
-    def observe_hindsight(self, checked: int, matched: int) -> None:
-        """The drafter guessed `checked` already emitted tokens, the first `matched` right."""
+    def fit(self, evidence: int, k: int) -> int:
+        """The draft in hand is of class `evidence` (the drafter's `last_evidence`): how many of its k tokens to
+        verify (auto: K by that class's acceptance, 0 for a plain step). The step's `observe` reports on it."""
+
+    def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
+        """The drafter guessed `checked` already emitted tokens, the first `matched` right (a guess of class
+        `evidence`)."""
 
 
 class BudgetBase:
@@ -145,7 +155,10 @@ class BudgetBase:
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         pass  # nothing to measure
 
-    def observe_hindsight(self, checked: int, matched: int) -> None:
+    def fit(self, evidence: int, k: int) -> int:
+        return k  # the budget's K does not depend on how sure the drafter is
+
+    def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         pass  # never asked while hindsight_k is 0
 
     def at_context(self, cache_len: int) -> None:
