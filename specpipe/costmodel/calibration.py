@@ -31,6 +31,8 @@ def calibration_key(engine) -> str:
     name = hashlib.sha256(engine.info.name.encode()).hexdigest()[:8]
     # v2: minimum of 3 samples per point (v1 took the median of 2, and cached what a busy machine measured)
     parts = ["v2", engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
+    if dev.get("blas_threads"):  # OpenBLAS with one thread and with two have different curves (T(17)/T(1) 1.80 vs 1.67)
+        parts.append(f"t{dev['blas_threads']}")
     return "-".join(
         p.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_").replace("/", "_") for p in parts
     )
