@@ -89,3 +89,14 @@ def test_auto_with_ngram_classes_is_lossless_and_logs_each_class(tmp_path, monke
     assert fitted, "no draft was sized by its class"
     for e in fitted:
         assert len(e.draft_ids) == e.decision.k <= e.k and 1 <= e.decision.evidence <= drafter.max_n
+
+
+def test_where_the_pooled_rates_say_plain_no_class_starts_drafting():
+    """Prose: sizing every draft by its class drafted 80 tokens at 2% acceptance (0.93x of plain); the steps
+    stay plain and look back while the pooled rates say nothing pays."""
+    b = free_budget()
+    b.next_k()
+    b.observe(b.fit(4, 16), b.k)  # one long match held: the class is known
+    for _ in range(30):
+        b.observe_hindsight(2, 0, evidence=1)  # then nothing the n-gram guesses is right
+    assert b.next_k() == 0 and b.decision.reason == "plain" and b.hindsight_k > 0

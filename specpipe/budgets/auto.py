@@ -283,8 +283,10 @@ class AutoBudget(BudgetBase):
         """K for this step. With K = 0, `hindsight_k` > 0 asks the pipeline to look back instead."""
         self.hindsight_k = 0
         self._step_evidence = None
-        if self._classes and self.c * self.k_max < FREE:
-            # a free drafter that classifies its drafts: let it propose all it can, fit sizes the draft
+        if self._classes and self.c * self.k_max < FREE and self._best(self.alpha) > 0:
+            # a free drafter that classifies its drafts, on text where drafting pays: let it propose all it
+            # can, fit sizes the draft by its class. Where the pooled rates say plain (prose), the steps stay
+            # plain and look back: sizing by class there drafted 80 tokens at 2% acceptance (0.93x of plain)
             self.k = self.k_max
             return self._decide(self.k, "cap")
         self.k = self._best(self.alpha)
