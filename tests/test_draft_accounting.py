@@ -212,3 +212,19 @@ def test_a_calibration_that_says_a_longer_verify_is_cheaper_is_not_believed():
     b = AutoBudget(k_max=16)
     b.ratio = {1: 1.0, 2: 1.3, 3: 0.69, 5: 1.2, 9: 2.0, 17: 1.7, 33: 3.0}
     assert b.ratio == {1: 1.0, 2: 1.3, 3: 1.3, 5: 1.3, 9: 2.0, 17: 2.0, 33: 3.0}
+
+
+def test_auto_does_not_stay_at_one_token_drafts_that_never_test_the_continuation():
+    """T(2)/T(1) = 1.05 but T(3)/T(1) = 1.31 (the 1.5B at 1k tokens): with the continuation at 0.68, K = 1
+    wins, and one-token drafts never update the continuation. The pair sat at K = 1 for a whole long
+    document at 96% acceptance."""
+    b = AutoBudget(k_max=16)
+    b.ratio = interpolate({1: 1.0, 2: 1.05, 3: 1.31, 5: 1.22, 9: 1.44, 17: 1.83, 33: 2.6})
+    b.c = 0.31
+    b._next = [2.72, 1.28]  # continuation 0.68 on four trials' evidence
+    ks = []
+    for _ in range(12):
+        k = b.next_k()
+        ks.append(k)
+        b.observe(k, k)  # every draft holds
+    assert max(ks[2:]) >= 8, ks

@@ -290,6 +290,15 @@ class AutoBudget(BudgetBase):
             self.k = self.k_max
             return self._decide(self.k, "cap")
         self.k = self._best(self.alpha)
+        if self.k == 1 and self.k_max > 1:
+            # one-token drafts never test the continuation rate, so a low one is never corrected (the 1.5B
+            # with its 0.5B draft sat at K = 1 on a long document at 96% acceptance, 0.79 of fixed K = 8):
+            # draft what its optimistic value pays for; a continuation that is really low soon shows it
+            longer = self._best(self.alpha, self.continuation_optimistic)
+            if longer > 1:
+                self._since_probe, self._probe_wait = 0, self.probe_every
+                self.k = longer
+                return self._decide(self.k, "probe")
         if self.k > 0:
             self._since_probe = 0  # counts plain steps since the last draft or probe
             self._probe_wait = self.probe_every  # drafting pays: once it stops, probe after probe_every
