@@ -34,6 +34,8 @@ SLOW_TINY = [
     "draft=none",
     "prompt.text=hi",
 ]
+# a stream that runs until stopped: room past the tiny model's 4096 positions, which the context check enforces
+ENDLESS = [*SLOW_TINY, "max_tokens=100000", "+model.tiny.max_position_embeddings=1000000"]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
 
@@ -225,12 +227,7 @@ def test_stop_signal_during_generation(tmp_path, sig, code, name):
     chars = random.Random(sig).randint(5, 60)  # a different point of the stream per signal, reproducibly
     proc = start(
         "specpipe.cli",
-        [
-            *SLOW_TINY,
-            "max_tokens=100000",
-            "+model.tiny.max_position_embeddings=1000000",
-            f"hydra.run.dir={tmp_path / 'r'}",
-        ],
+        [*ENDLESS, f"hydra.run.dir={tmp_path / 'r'}"],
         tmp_path,
     )
     out = ""
@@ -279,12 +276,7 @@ def test_ctrl_c_reaches_a_long_prefill(tmp_path):
 def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
     proc = start(
         "specpipe.cli",
-        [
-            *SLOW_TINY,
-            "max_tokens=100000",
-            "+model.tiny.max_position_embeddings=1000000",
-            f"hydra.run.dir={tmp_path / 'r'}",
-        ],
+        [*ENDLESS, f"hydra.run.dir={tmp_path / 'r'}"],
         tmp_path,
     )
     proc.stdout.read(5)  # `specpipe ... | head -c 5`
