@@ -298,7 +298,7 @@ class AutoBudget(BudgetBase):
             if longer > 1:
                 self._since_probe, self._probe_wait = 0, self.probe_every
                 self.k = longer
-                return self._decide(self.k, "probe")
+                return self._decide(self.k, "probe", (self.alpha, self.continuation_optimistic))
         if self.k > 0:
             self._since_probe = 0  # counts plain steps since the last draft or probe
             self._probe_wait = self.probe_every  # drafting pays: once it stops, probe after probe_every
