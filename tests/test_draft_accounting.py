@@ -228,3 +228,20 @@ def test_auto_does_not_stay_at_one_token_drafts_that_never_test_the_continuation
         ks.append(k)
         b.observe(k, k)  # every draft holds
     assert max(ks[2:]) >= 8, ks
+
+
+def test_auto_retests_a_continuation_that_one_token_drafts_left_untested():
+    """A continuation of 0.50 on four trials' evidence (one early draft that held 2 of 3) and a first token
+    accepted 92% of the time: K = 1 wins even on the optimistic continuation (0.75), and one-token drafts
+    never tested it again: the real pair drafted one token for all 64 of two math answers. The untested
+    evidence must fade so that a longer draft tests it within a few steps."""
+    b = AutoBudget(k_max=16)
+    b.ratio = interpolate({1: 1.0, 2: 1.02, 3: 1.29, 5: 1.22, 9: 1.43, 17: 1.76, 33: 2.6})
+    b.c = 0.30
+    b._first, b._next = [9.2, 0.8], [1.9, 1.9]
+    ks = []
+    for _ in range(16):
+        k = b.next_k()
+        ks.append(k)
+        b.observe(k, k)  # every draft holds
+    assert ks[0] == 1 and max(ks) >= 4, ks

@@ -412,6 +412,12 @@ def _counted(
     first = [forget * first[0] + (accepted > 0), forget * first[1] + (accepted == 0)]
     if accepted > 0 and drafted > 1:  # tokens 2..: each tried only when the previous one held
         nxt = [forget * nxt[0] + accepted - 1, forget * nxt[1] + (accepted < drafted)]
+    elif drafted == 1:
+        # a one-token draft tests no continuation, but the text moved on: the old evidence fades as if
+        # tested, so its optimistic value rises until the K = 1 escape (next_k) drafts long enough to test
+        # it. Untouched, a continuation of 0.50 on four trials kept the 1.5B with its 0.5B draft at K = 1
+        # through two math answers whose fixed K = 4 drafts held 4 of 4 at most steps.
+        nxt = [forget * nxt[0], forget * nxt[1]]
     return first, nxt
 
 
