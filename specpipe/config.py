@@ -167,9 +167,18 @@ class SpecpipeConfig(PipelineGroups):
     output_dir: str | None = MISSING  # None: Hydra's run folder
 
 
+@dataclass
+class CalibrateConfig(SpecpipeConfig):
+    """specpipe-calibrate: the run's groups plus what to time."""
+
+    quick: bool = MISSING  # 7 verify lengths instead of 33 (slow devices, big models)
+    contexts: bool = MISSING  # also the curves at long contexts (1k-16k cached positions)
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="specpipe_schema", node=SpecpipeConfig)
+    cs.store(name="calibrate_schema", node=CalibrateConfig)
     cs.store(group="schema/model", name="model", node=ModelConfig)
     cs.store(group="schema/quant", name="quant", node=QuantConfig)
     cs.store(group="schema/draft", name="none", node=NoneDraftConfig)

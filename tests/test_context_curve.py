@@ -60,3 +60,29 @@ def test_auto_drafts_less_when_the_long_context_verify_is_steep():
     assert short_k > 1 and long_k < short_k and budget.decision.t_verify == STEEP[long_k + 1]
     budget.at_context(100)  # a new, short run: back to the short-context curve
     assert budget.next_k() == short_k
+
+
+def test_calibrate_times_the_long_context_curves_ahead_of_a_run(tmp_path):
+    """specpipe-calibrate times the curves at long contexts too, so a run's first long prompt does not time
+    them mid-run (the 1.5B's first 1k-token curve was timed at 04:24 while the machine was loaded); the
+    cache the budget reads is written under the same key."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECPIPE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli.calibrate", "model=tiny-random", "quick=true"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "after 1024 cached positions: one token" in proc.stdout, proc.stdout
+    saved = json.loads(next(tmp_path.glob("outputs/**/calibration.json")).read_text())
+    assert "1024" in saved["contexts"] and saved["contexts"]["1024"]["ratio"]["9"] >= 1.0 - 1e-6
+    (cached,) = (tmp_path / "cache" / "calibration").glob("*-ctx-full.json")
+    assert "1024" in json.loads(cached.read_text())

@@ -3,8 +3,13 @@ draft cost c), print the curve and the predicted speed-up per K at several
 acceptance rates, save `calibration.json` and `calibration.png` in the run
 folder, and refresh the cache that `budget=auto` reads.
 
-Same config and overrides as `specpipe` (model, draft, quant, ...);
-`+quick=true` measures 7 points instead of 33 (slow devices, big models).
+It also times the curve at long contexts (1k, 4k, 8k, 16k cached positions, up to the model's
+context; costmodel/context_curve.py), which `budget=auto` otherwise times in the middle of the
+first run that reaches them: seconds to a minute, on a machine that may be busy then.
+
+Same config and overrides as `specpipe` (model, draft, quant, kv, ...)
+plus conf/calibrate.yaml's: `quick=true` measures 7 points instead of 33
+(slow devices, big models); `contexts=false` skips the long-context curves.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ KS = (0, 1, 2, 4, 8, 16, 32)
 def main() -> None:
     from specpipe.cli.shell import hydra_main
 
-    hydra_main("specpipe-calibrate", "config", _task, interrupted="; the cached curve was not changed")
+    hydra_main("specpipe-calibrate", "calibrate", _task, interrupted="; the cached curve was not changed")
 
 
 def _task(cfg) -> None:
@@ -31,15 +36,17 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     from specpipe.cli.shell import hydra_output_dir
     from specpipe.config_groups import with_group
     from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
+    from specpipe.costmodel.context_curve import context_curves
     from specpipe.engine.device import device
     from specpipe.session import Session
 
     cfg = with_group(cfg, "budget", "fixed")  # calibration measures; it needs no budget of its own
     session = Session(cfg)
-    quick = bool(cfg.get("quick", False))
+    quick = bool(cfg.quick)
     curve = verify_cost_curve(session.target, quick=quick, refresh=True)
     c = draft_cost(session.drafter, session.target, quick=quick)
     ratio = curve["ratio"]
+    contexts = context_curves(session.target, refresh=True) if cfg.contexts else {}
     out = Path(out_dir or hydra_output_dir() or "outputs/calibration")
     out.mkdir(parents=True, exist_ok=True)
     dev = device()
@@ -54,6 +61,7 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
                 "ratio": ratio,
                 "draft": session.drafter.name,
                 "draft_cost": c,
+                "contexts": {str(n): v for n, v in contexts.items()},
                 "predicted_speedup": {str(a): {str(k): v for k, v in row.items()} for a, row in table.items()},
             },
             indent=2,
@@ -70,6 +78,11 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
         f"target {session.target.info.name} ({session.target.info.precision}) on {dev.get('mlx_device')} "
         f"BLAS={dev.get('blas', '?')}: one token {curve['t1_s'] * 1000:.1f} ms",
         "T(n)/T(1): " + "  ".join(f"{n}:{ratio[n]:.2f}" for n in (2, 3, 5, 9, 17, 33)),
+        *[
+            f"after {n} cached positions: one token {v['t1_s'] * 1000:.1f} ms, T(n)/T(1): "
+            + "  ".join(f"{m}:{v['ratio'][m]:.2f}" for m in (2, 3, 5, 9, 17, 33))
+            for n, v in contexts.items()
+        ],
         f"draft={session.drafter.name}: cost per drafted token c = {c:.3f} x target",
         "predicted speed-up vs plain decoding (rows: acceptance; columns: K):",
         "  alpha " + "".join(f"{k:>7}" for k in KS),
@@ -77,7 +90,8 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     for a, row in table.items():
         best = max(row, key=lambda k: row[k])
         lines.append(f"  {a:5.2f} " + "".join(f"{row[k]:>6.2f}{'*' if k == best else ' '}" for k in KS))
-    lines.append(f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses this curve")
+    lines.append(f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses "
+                 + ("these curves" if contexts else "this curve"))
     return "\n".join(lines)
 
 
