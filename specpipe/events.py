@@ -67,6 +67,9 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     drafts may propose up to K; found nothing to propose).
     evidence: the class of the draft in hand when K was fitted to it (n-gram:
     the matched suffix length); the rates are then that class's.
+    floor: a model drafter stops before K at a token whose chain is estimated
+    to hold with less than this chance (0: it drafts all K; drafters/chain.py
+    ChainStop, whose hold rates the Drafted event does not repeat).
     """
 
     k: int
@@ -77,6 +80,7 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     c: float = 0.0  # one drafted token's cost, in target steps, it used
     t_verify: float = 0.0  # T(K+1)/T(1) it used
     evidence: int | None = None
+    floor: float = 0.0
 
 
 class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -43,6 +43,21 @@ forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
+A drafter that runs a model (draft model, MTP head, layer skip) is also told
+where to stop inside the step's K (`chain_stop`, drafters/chain.py): before
+a token whose chance that the chain holds up to it is under S·(c + ΔT). One
+more token returns that chance in expected tokens and costs c plus ΔT, its
+share of the verify, while the step as a whole returns S tokens per unit of
+cost (S: the predicted speed-up): a token expected to return less lowers the
+step's rate. The chance is read from the draft's confidence in its chain (the
+product of its top probabilities), through hold rates measured per tenth of
+confidence on this run's verified drafts (optimistic by one standard error,
+from a prior that trusts the confidence as it is, and never falling as the
+confidence rises): the 0.5B draft of the 1.5B held 94-100% of its chains at
+confidence 0.5-0.9 and 22-33% at 0.1-0.4. The rates price the typical draft;
+the stop cuts the one the draft model is unsure of (the real pair drafted 16
+tokens on code and lost the first one twice in a row).
+
 Constructing the budget measures nothing: `prepare(target, drafter)`, which
 the session calls once after loading, reads the device's calibrated verify
 curve (timed and cached on first use) and the drafter's cost. c starts from
@@ -65,6 +80,7 @@ from collections import deque
 from specpipe.budgets.fixed import K_MAX
 from specpipe.core.protocols import BudgetBase, Drafter
 from specpipe.costmodel.context_curve import ContextCurve
+from specpipe.drafters.chain import BUCKETS, ChainStop, bucket
 from specpipe.errors import SpecpipeError
 from specpipe.events import BudgetDecision
 
@@ -121,6 +137,10 @@ class AutoBudget(BudgetBase):
         self.hindsight = False
         self.hindsight_k = 0
         self.decision: BudgetDecision | None = None  # why the last next_k chose its K
+        self.chain_stop: ChainStop | None = None  # where a model drafter stops inside K (set by each decision)
+        # per tenth of the draft's chain confidence: [held, not held] (ChainStop.hold), prior = the confidence
+        self._holds = [[PRIOR_TRIALS * (b + 0.5) / BUCKETS, PRIOR_TRIALS * (1 - (b + 0.5) / BUCKETS)] for b in range(BUCKETS)]
+        self._drafter: Drafter | None = None  # its last_tops: the first drafted token's top probability
         self._key: tuple | None = None
         self._context: ContextCurve | None = None  # T(n)/T(1) by cache length, from prepare
         self.k = self.best_k()
@@ -135,6 +155,7 @@ class AutoBudget(BudgetBase):
         self._context = ContextCurve(target)  # long contexts: T(n)/T(1) timed there, on first need
         self.c = draft_cost(drafter, target, self.quick)
         self.hindsight = drafter.supports_hindsight
+        self._drafter = drafter
         self._key = _pair_key(target, drafter)
         self._carry_in(_LEARNED.get(self._key))
         self.k = self.best_k()
@@ -186,6 +207,8 @@ class AutoBudget(BudgetBase):
         self._first, self._next = scale(learned["first"]), scale(learned["next"])
         self._classes = {e: (scale(f), scale(n)) for e, (f, n) in learned.get("classes", {}).items()}
         self.c = learned["c"]
+        if "holds" in learned:
+            self._holds = [list(h) for h in learned["holds"]]
 
     def _carry_out(self) -> None:
         if self._key is not None:
@@ -194,6 +217,7 @@ class AutoBudget(BudgetBase):
                 "next": list(self._next),
                 "classes": {e: (list(f), list(n)) for e, (f, n) in self._classes.items()},
                 "c": self.c,
+                "holds": [list(h) for h in self._holds],
             }
 
     @property
@@ -260,15 +284,24 @@ class AutoBudget(BudgetBase):
             if reason == "probe"
             else (self.alpha, self.continuation)
         )
+        predicted = expected_speedup(a, k, self.c, self.ratio, g)
+        t_verify = self.ratio[min(k + 1, max(self.ratio))]
+        # a drafter with a cost per token stops where one more token returns less than the step's rate
+        self.chain_stop = (
+            ChainStop(max(1.0, predicted) * (self.c + (t_verify - 1.0) / k), self._hold_rates())
+            if k > 0 and self.c >= FREE
+            else None
+        )
         self.decision = BudgetDecision(
             k=k,
             reason=reason,
-            predicted=round(expected_speedup(a, k, self.c, self.ratio, g), 4),
+            predicted=round(predicted, 4),
             alpha=round(a, 4),
             continuation=round(g, 4),
             c=round(self.c, 4),
-            t_verify=round(self.ratio[min(k + 1, max(self.ratio))], 4),
+            t_verify=round(t_verify, 4),
             evidence=evidence,
+            floor=round(self.chain_stop.floor, 4) if self.chain_stop else 0.0,
         )
         return k
 
@@ -343,6 +376,16 @@ class AutoBudget(BudgetBase):
         self.k = min(best, k)
         return self._decide(self.k, reason, rates, evidence)
 
+    def _hold_rates(self) -> tuple[float, ...]:
+        """ChainStop.hold: each tenth of confidence's hold rate plus one standard error (a tenth never verified
+        keeps its prior's doubt), then never above a higher tenth's: chains at 0.3-0.4 that fail say that
+        chains at 0.2-0.3, which a cut at 0.3 leaves unverified, fail too."""
+        rates, lowest = [], 1.0
+        for counts in reversed(self._holds):
+            lowest = min(lowest, _optimistic(counts))
+            rates.append(lowest)
+        return tuple(reversed(rates))
+
     def _advance_probe_schedule(self) -> None:
         """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
         w = self._probe_wait
@@ -376,6 +419,12 @@ class AutoBudget(BudgetBase):
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
         self._count(drafted, accepted, evidence)
+        tops = self._drafter.last_tops if self._drafter is not None and self.chain_stop is not None else []
+        confidence = 1.0
+        for i, top in enumerate(tops[:drafted]):  # what the chain stop's hold rates learn: each verified token
+            confidence *= top
+            held = self._holds[bucket(confidence)]
+            held[0], held[1] = held[0] + (accepted > i), held[1] + (accepted <= i)
         if accepted == drafted and self.decision is not None and self.decision.reason == "probe":
             # a probe that held entirely is a lead, not a reason to wait longer: probe again next step
             self._since_probe, self._probe_wait = 0, 1
@@ -383,7 +432,8 @@ class AutoBudget(BudgetBase):
         # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
         if draft_s is not None and verify_s and self._drafted_before:
             t1 = verify_s / self.ratio[min(fed, max(self.ratio))]  # this step's implied T(1)
-            self.c = self.forget * self.c + (1 - self.forget) * (draft_s / drafted) / t1
+            forwards = max(drafted, len(tops))  # a chain cut by the stop also computed the token it dropped
+            self.c = self.forget * self.c + (1 - self.forget) * (draft_s / forwards) / t1
         self._drafted_before = True
         self._carry_out()
 

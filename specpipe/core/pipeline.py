@@ -158,6 +158,7 @@ class SpeculativePipeline:
                     k = min(k, max_tokens - len(output) - 1)
                     s = time.perf_counter()
                     f0 = self.drafter.forwards
+                    self.drafter.chain_stop = self.budget.chain_stop if control.k is None else None
                     draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
                     f1 = self.drafter.forwards
                     if draft.token_ids and self.drafter.last_evidence is not None and control.k is None:

@@ -50,6 +50,11 @@ class Drafter(Protocol):
     def last_evidence(self) -> int | None: ...  # how sure its last propose / hindsight was, as a class
 
     # (n-gram: the length of the matched suffix); None: it does not say. budget=auto keeps rates per class.
+    # A drafter that chains a model (drafters/chain.py) stops where this rule says (the pipeline sets it
+    # each step from the budget's `chain_stop`; None: never) and lists its drafted tokens' top probabilities
+    # in `last_tops` while one is set; other drafters ignore both.
+    chain_stop: Any
+    last_tops: list[float]
 
     def use_rollback(self, strategy: Rollback) -> None:
         """Roll its own cache back with `strategy` (SpecpipeError now if it cannot)."""
@@ -83,6 +88,8 @@ class DrafterBase:
     supports_hindsight: bool = False
     needs_hidden: bool = False
     last_evidence: int | None = None
+    chain_stop: Any = None  # a drafters.chain.ChainStop
+    last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         return []  # never asked while supports_hindsight is False
@@ -113,6 +120,8 @@ class Budget(Protocol):
     def decision(
         self,
     ) -> BudgetDecision | None: ...  # why the last next_k chose its K (auto), carried by the Drafted event
+    @property
+    def chain_stop(self) -> Any: ...  # after next_k: where a model drafter stops inside K (auto), or None
     @property
     def hindsight_k(self) -> int: ...  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
     @property
@@ -150,6 +159,7 @@ class BudgetBase:
     label_params: tuple[str, ...] = ()
     decision: BudgetDecision | None = None
     hindsight_k: int = 0
+    chain_stop: Any = None
     p_min: float = 0.0
 
     def prepare(self, target: Engine, drafter: Drafter) -> None:

@@ -108,7 +108,8 @@ class ModelDrafter(DrafterBase):
             self.forwards += 1
             return self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
 
-        tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min)
+        self.last_tops = []
+        tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min, self.chain_stop, self.last_tops)
         draft = to_draft(
             tokens, q_rows, catchup_tokens=len(context_ids) - start - 1
         )  # accepted tokens fed beside the newest one

@@ -90,7 +90,10 @@ class MtpDrafter(DrafterBase):
         return drop
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
-        return self._draft(context_ids, k, sampled=self.sampler is not None and not self.sampler.greedy)
+        self.last_tops = []
+        return self._draft(
+            context_ids, k, sampled=self.sampler is not None and not self.sampler.greedy, stop=self.chain_stop
+        )
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         """The head's greedy guess for the last m tokens, from the tape alone (no target forward).
@@ -99,7 +102,7 @@ class MtpDrafter(DrafterBase):
         """
         return self._draft(context_ids[:-m], m, sampled=False).token_ids if m > 0 else []
 
-    def _draft(self, context_ids: list[int], k: int, sampled: bool) -> Draft:
+    def _draft(self, context_ids: list[int], k: int, sampled: bool, stop=None) -> Draft:
         n = len(context_ids)
         if k <= 0 or n < 2:
             return Draft(token_ids=[])  # position 0 has no previous hidden state to pair with
@@ -110,14 +113,18 @@ class MtpDrafter(DrafterBase):
         self._seen, self._pairs = list(context_ids), n - 1
 
         # Chain: each step feeds the head's own output as the next hidden state.
+        calls = 0
+
         def next_logits(i: int, y):
-            nonlocal x
+            nonlocal x, calls
+            calls += 1
             if i > 0:
                 x = self.head(x, self.inner.embed_tokens(y)[None], self._head_cache)
             return self.lm_head(x)[0].astype(mx.float32)  # [1, vocab]
 
-        drafted, q_rows = chain(next_logits, k, self.sampler if sampled else None, self.p_min)
-        self.forwards += max(len(drafted), 1)
+        tops = self.last_tops if stop is not None else None
+        drafted, q_rows = chain(next_logits, k, self.sampler if sampled else None, self.p_min, stop, tops)
+        self.forwards += max(calls, 1)  # a chain cut by a floor computed the token it dropped
         self.cached_len = n + max(len(drafted), 1) - 1  # context + chained drafts (for the RolledBack event)
         return to_draft(drafted, q_rows)
 
