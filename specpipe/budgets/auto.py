@@ -139,8 +139,10 @@ class AutoBudget(BudgetBase):
         self.decision: BudgetDecision | None = None  # why the last next_k chose its K
         self.chain_stop: ChainStop | None = None  # where a model drafter stops inside K (set by each decision)
         # per tenth of the draft's chain confidence: [held, not held] (ChainStop.hold), prior = the confidence
-        self._holds = [[PRIOR_TRIALS * (b + 0.5) / BUCKETS, PRIOR_TRIALS * (1 - (b + 0.5) / BUCKETS)] for b in range(BUCKETS)]
-        self._drafter: Drafter | None = None  # its last_tops: the first drafted token's top probability
+        self._holds = [
+            [PRIOR_TRIALS * (b + 0.5) / BUCKETS, PRIOR_TRIALS * (1 - (b + 0.5) / BUCKETS)] for b in range(BUCKETS)
+        ]
+        self._drafter: Drafter | None = None  # its last_tops: the top probabilities of the step's chain
         self._key: tuple | None = None
         self._context: ContextCurve | None = None  # T(n)/T(1) by cache length, from prepare
         self.k = self.best_k()

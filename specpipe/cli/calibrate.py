@@ -90,8 +90,10 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     for a, row in table.items():
         best = max(row, key=lambda k: row[k])
         lines.append(f"  {a:5.2f} " + "".join(f"{row[k]:>6.2f}{'*' if k == best else ' '}" for k in KS))
-    lines.append(f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses "
-                 + ("these curves" if contexts else "this curve"))
+    lines.append(
+        f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses "
+        + ("these curves" if contexts else "this curve")
+    )
     return "\n".join(lines)
 
 

@@ -20,7 +20,6 @@ import mlx.core as mx
 
 from specpipe.core.stages.draft import Draft
 
-
 BUCKETS = 10  # the draft's confidence in its chain so far, in tenths: 0.0-0.1 .. 0.9-1.0
 
 
