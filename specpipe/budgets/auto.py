@@ -142,6 +142,10 @@ class AutoBudget(BudgetBase):
         self._holds = [
             [PRIOR_TRIALS * (b + 0.5) / BUCKETS, PRIOR_TRIALS * (1 - (b + 0.5) / BUCKETS)] for b in range(BUCKETS)
         ]
+        # tokens per unit of cost (target steps) the drafting steps actually returned: the chain stop's S. The
+        # predicted one assumes the rates hold for all K; with the stop, drafts end where the draft is unsure
+        # and the continuation measured on them nears 1, so the prediction rose to 1.5-2 where steps returned 1.2
+        self._rate = 1.0
         self._drafter: Drafter | None = None  # its last_tops: the top probabilities of the step's chain
         self._key: tuple | None = None
         self._context: ContextCurve | None = None  # T(n)/T(1) by cache length, from prepare
@@ -290,7 +294,7 @@ class AutoBudget(BudgetBase):
         t_verify = self.ratio[min(k + 1, max(self.ratio))]
         # a drafter with a cost per token stops where one more token returns less than the step's rate
         self.chain_stop = (
-            ChainStop(max(1.0, predicted) * (self.c + (t_verify - 1.0) / k), self._hold_rates())
+            ChainStop(max(1.0, self._rate) * (self.c + (t_verify - 1.0) / k), self._hold_rates())
             if k > 0 and self.c >= FREE
             else None
         )
@@ -422,6 +426,9 @@ class AutoBudget(BudgetBase):
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
         self._count(drafted, accepted, evidence)
         tops = self._drafter.last_tops if self._drafter is not None and self.chain_stop is not None else []
+        forwards = max(drafted, len(tops))  # a chain cut by the stop also computed the token it dropped
+        cost = forwards * self.c + self.ratio[min(fed, max(self.ratio))]
+        self._rate = self.forget * self._rate + (1 - self.forget) * (accepted + 1) / cost
         confidence = 1.0
         for i, top in enumerate(tops[:drafted]):  # what the chain stop's hold rates learn: each verified token
             confidence *= top
@@ -434,7 +441,6 @@ class AutoBudget(BudgetBase):
         # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
         if draft_s is not None and verify_s and self._drafted_before:
             t1 = verify_s / self.ratio[min(fed, max(self.ratio))]  # this step's implied T(1)
-            forwards = max(drafted, len(tops))  # a chain cut by the stop also computed the token it dropped
             self.c = self.forget * self.c + (1 - self.forget) * (draft_s / forwards) / t1
         self._drafted_before = True
         self._carry_out()
