@@ -70,10 +70,10 @@ def test_draft_forwards_per_run_and_by_purpose(pair, budget, tmp_path, monkeypat
         s = check_accounting(events)
         # the model drafter catches up inside its first drafting forward: nothing is spent on catch-up alone
         assert s.draft_forwards_catchup == 0
-        # auto's chain stop (drafters/chain.py) computes the token it drops: one wasted forward per cut draft
+        # auto's chain stop (drafters/chain.py) may drop a token it computed: at most one wasted forward per cut
         cut = [e for e in events if isinstance(e, Drafted) and 0 < len(e.draft_ids) < e.k]
-        assert s.draft_forwards_wasted == len(cut) and all(e.wasted_forwards == 1 for e in cut)
-        assert s.draft_forwards == s.drafted + len(cut)  # one forward per drafted token, none re-drafted
+        assert all(e.wasted_forwards <= 1 for e in cut) and s.draft_forwards_wasted <= len(cut)
+        assert s.draft_forwards == s.drafted + s.draft_forwards_wasted  # one forward per drafted token, none re-drafted
     assert drafter.forwards == first[-1].stats.draft_forwards + second[-1].stats.draft_forwards
     # a fixed budget drafts every step: after a fully accepted draft the drafter feeds its last draft token
     # (never fed to it) beside the bonus in one forward; after a rejection only the recovered token

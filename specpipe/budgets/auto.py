@@ -44,12 +44,13 @@ verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
 
 A drafter that runs a model (draft model, MTP head, layer skip) is also told
-where to stop inside the step's K (`chain_stop`, drafters/chain.py): before
-a token whose chance that the chain holds up to it is under S·(c + ΔT). One
-more token returns that chance in expected tokens and costs c plus ΔT, its
-share of the verify, while the step as a whole returns S tokens per unit of
-cost (S: the predicted speed-up): a token expected to return less lowers the
-step's rate. The chance is read from the draft's confidence in its chain (the
+where to stop inside the step's K (`chain_stop`, drafters/chain.py): no
+draft forward for the next token once the chance that the chain holds up to
+this one is under S·(c + ΔT). One more token returns that chance in expected
+tokens and costs c plus ΔT, its share of the verify, while drafting steps
+return S tokens per unit of cost (S: measured): a token expected to return
+less lowers the step's rate. A token already computed costs only ΔT, so it is
+kept down to S·ΔT. The chance is read from the draft's confidence in its chain (the
 product of its top probabilities), through hold rates measured per tenth of
 confidence on this run's verified drafts (optimistic by one standard error,
 from a prior that trusts the confidence as it is, and never falling as the
@@ -293,8 +294,10 @@ class AutoBudget(BudgetBase):
         predicted = expected_speedup(a, k, self.c, self.ratio, g)
         t_verify = self.ratio[min(k + 1, max(self.ratio))]
         # a drafter with a cost per token stops where one more token returns less than the step's rate
+        # rate: the tokens per unit of cost drafting steps returned; slot: one drafted token's share of the verify
+        rate, slot = max(1.0, self._rate), (t_verify - 1.0) / max(k, 1)
         self.chain_stop = (
-            ChainStop(max(1.0, self._rate) * (self.c + (t_verify - 1.0) / k), self._hold_rates())
+            ChainStop(rate * (self.c + slot), self._hold_rates(), keep=rate * slot)
             if k > 0 and self.c >= FREE
             else None
         )
