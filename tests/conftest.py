@@ -4,6 +4,8 @@ that runs the pipeline directly (no Hydra) and returns ids + final event."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 # Load the optimised BLAS (if any) before mlx, as the CLI does.
 try:
@@ -30,6 +32,13 @@ from specpipe.events import RunFinished
 from specpipe.rollbacks.trim import TrimRollback
 
 CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "specpipe", "conf")
+
+
+def run_module(module: str, args: list[str], cwd, env: dict | None = None, timeout: float = 300):
+    """`python -m module *args` in a fresh interpreter, as a user runs the console script; text output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")

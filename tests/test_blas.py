@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_module
 
 from specpipe.engine.load import blas
 
@@ -132,24 +133,10 @@ def test_phrase_names_the_blas_and_the_fix():
 def test_a_notice_never_adds_a_line_to_an_error(tmp_path):
     # A BLAS that cannot load makes a notice; a bad override must still be the only line on stderr.
     env = dict(os.environ, SPECPIPE_BLAS=str(tmp_path / "libnope.so"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", "draft=bogus"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_module("specpipe.cli", ["model=tiny-random", "draft=bogus"], tmp_path, env, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "draft=bogus" in proc.stderr
-    ok = subprocess.run(
-        [sys.executable, "-m", "specpipe.cli", "model=tiny-random", "max_tokens=2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    ok = run_module("specpipe.cli", ["model=tiny-random", "max_tokens=2"], tmp_path, env, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "BLAS reference (slow:" in ok.stderr.splitlines()[0]  # the run's header says it, once
 

@@ -68,18 +68,11 @@ def test_calibrate_times_the_long_context_curves_ahead_of_a_run(tmp_path):
     cache the budget reads is written under the same key."""
     import json
     import os
-    import subprocess
-    import sys
+
+    from conftest import run_module
 
     env = {**os.environ, "SPECPIPE_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "specpipe.cli.calibrate", "model=tiny-random", "quick=true"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_module("specpipe.cli.calibrate", ["model=tiny-random", "quick=true"], tmp_path, env)
     assert proc.returncode == 0, proc.stderr
     assert "after 1024 cached positions: one token" in proc.stdout, proc.stdout
     saved = json.loads(next(tmp_path.glob("outputs/**/calibration.json")).read_text())
