@@ -47,10 +47,16 @@ def start(module: str, args: list[str], cwd: Path, **kw) -> subprocess.Popen:
         text=True,
         stdout=kw.pop("stdout", subprocess.PIPE),
         stderr=subprocess.PIPE,
-        # a runner started in the background may ignore SIGINT; the child must not inherit that
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_default_stop_signals,
         **kw,
     )
+
+
+def _default_stop_signals() -> None:
+    # a runner started in the background ignores SIGINT, one under nohup SIGHUP (the SIGHUP case then ran on
+    # for 120 s, as documented for an ignored signal): the child must not inherit either
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def run_cli(args: list[str], cwd: Path, module: str = "specpipe.cli") -> subprocess.CompletedProcess:
