@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,9 +61,7 @@ def _default_stop_signals() -> None:
 
 
 def run_cli(args: list[str], cwd: Path, module: str = "specpipe.cli") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
-    )
+    return run_module(module, args, cwd, ENV)
 
 
 def error_line(stderr: str, tool: str = "specpipe") -> str:
