@@ -100,3 +100,27 @@ def test_where_the_pooled_rates_say_plain_no_class_starts_drafting():
     for _ in range(30):
         b.observe_hindsight(2, 0, evidence=1)  # then nothing the n-gram guesses is right
     assert b.next_k() == 0 and b.decision.reason == "plain" and b.hindsight_k > 0
+
+
+def test_a_one_token_draft_is_lengthened_only_where_the_longer_one_still_beats_plain():
+    """"Never one free token alone" drafted K = 2 at a predicted 0.92-0.98 on prose-letter (0.95x of plain):
+    where the second token's verify is dear, a class whose rates pay for one token keeps one."""
+    from specpipe.costmodel.calibration import expected_speedup
+
+    b = free_budget()
+    b.ratio = interpolate({1: 1.0, 2: 1.05, 3: 1.3, 5: 1.4, 9: 1.5, 17: 1.8, 33: 2.6})
+    for _ in range(3):
+        b.observe_hindsight(2, 1, evidence=1)  # the first token holds now and then, the second never
+        for _ in range(4):
+            b.observe_hindsight(2, 0, evidence=1)
+    b.next_k()
+    k = b.fit(1, 16)
+    rates = (b.decision.alpha, b.decision.continuation)
+    assert expected_speedup(*rates[:1], 1, 0.0, b.ratio, rates[1]) > 1.0 > expected_speedup(
+        rates[0], 2, 0.0, b.ratio, rates[1]
+    ), rates
+    assert k == 1
+
+    b.ratio = OPENBLAS_LIKE  # the second token's verify costs next to nothing: the one-token draft grows
+    b.next_k()
+    assert b.fit(1, 16) == 2

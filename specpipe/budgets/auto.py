@@ -272,6 +272,12 @@ class AutoBudget(BudgetBase):
         scores = {k: expected_speedup(alpha, k, self.c, self.ratio, g) for k in range(0, self.k_max + 1)}
         return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
 
+    def _pays(self, k: int, alpha: float, continuation: float) -> bool:
+        """A draft of k tokens at these rates is expected to beat plain decoding."""
+        from specpipe.costmodel.calibration import expected_speedup
+
+        return expected_speedup(alpha, k, self.c, self.ratio, continuation) >= 1.0
+
     def _probe_size(self) -> int:
         """A probe's K, priced by the cost model on the optimistic rates: the draft that would pay
         if acceptance is as good as the evidence allows, and never under probe_k.
@@ -378,9 +384,12 @@ class AutoBudget(BudgetBase):
                 best, reason, rates = max(self.probe_k, self._best(*hopeful)), "probe", hopeful
             else:
                 reason = "plain"
-        if 0 < best < self.probe_k and self.c * self.probe_k < FREE:
+        if 0 < best < self.probe_k and self.c * self.probe_k < FREE and self._pays(self.probe_k, *rates):
             # never one free token alone: a one-token draft teaches nothing of the class's continuation,
-            # which then stays at its prior, and the second token's verify costs next to nothing
+            # which then stays at its prior, and the second token's verify costs next to nothing. Only where
+            # the longer draft still beats plain: on a curve where the second token's verify is not cheap
+            # (SmolLM2, one thread: T(3)/T(1) 1.2-1.4) prose-letter drafted K = 2 at a predicted 0.92-0.98
+            # seven times in one answer, and the run was 0.95x of plain
             best = self.probe_k
         self.k = min(best, k)
         return self._decide(self.k, reason, rates, evidence)
