@@ -18,6 +18,7 @@ Greedy: every ngram row must emit plain's tokens on the same cache (checked, mar
 
     python scripts/longctx_reuse.py --sizes 1k 4k 8k --quantized 4k 8k
     python scripts/longctx_reuse.py --model qwen2.5-coder-1.5b --sizes 1k 4k --quantized 4k
+    python scripts/longctx_reuse.py --model qwen2.5-coder-1.5b --sizes 8k 16k --quantized 8k 16k  # 16k / 32k: longctx-32k
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def main() -> None:
         q_sessions = {bits: session("draft=none", "kv=quantized", f"kv.bits={bits}") for bits in (8, 4)}
     target.kv = engine.kv = FullKV()
     context_curves(target)  # timed once per device and cached: never inside a measured row
-    prompts = {p["id"]: p["prompt"] for p in load_suite("longctx")}
+    prompts = {p["id"]: p["prompt"] for suite in ("longctx", "longctx-32k") for p in load_suite(suite)}
     print(
         f"# {args.model}, float32, {blas_info().name} ({blas_info().path}), greedy, {args.max_tokens} tokens, "
         f"decode rows: {args.repeats} rounds, order flipped per round, median"

@@ -174,7 +174,9 @@ def test_mlx_lm_num_draft_tokens_sweep(tmp_path, suite_file):
         "anchor_ks=[1,3]",
         f"results={results}",
     )
-    records = run_bench(cfg, results, log=quiet)
+    lines = []
+    records = run_bench(cfg, results, log=lines.append)
+    assert any(", K=1 " in line and ", K=3 " in line for line in lines), lines  # every K of the sweep, as it runs
     for r in records:
         sweep = r["anchor"]["sweep"]
         assert set(sweep) == {"1", "3"} and r["anchor"]["spec"] is sweep["3"]
