@@ -18,7 +18,7 @@ Greedy: every ngram row must emit plain's tokens on the same cache (checked, mar
 
     python scripts/longctx_reuse.py --sizes 1k 4k 8k --quantized 4k 8k
     python scripts/longctx_reuse.py --model qwen2.5-coder-1.5b --sizes 1k 4k --quantized 4k
-    python scripts/longctx_reuse.py --model qwen2.5-coder-1.5b --sizes 8k 16k --quantized 8k 16k  # 16k / 32k: longctx-32k
+    python scripts/longctx_reuse.py --model qwen2.5-coder-1.5b --sizes 8k 16k --quantized 8k 16k  # 16k: longctx-32k
 """
 
 from __future__ import annotations

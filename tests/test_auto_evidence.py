@@ -103,7 +103,7 @@ def test_where_the_pooled_rates_say_plain_no_class_starts_drafting():
 
 
 def test_a_one_token_draft_is_lengthened_only_where_the_longer_one_still_beats_plain():
-    """"Never one free token alone" drafted K = 2 at a predicted 0.92-0.98 on prose-letter (0.95x of plain):
+    """ "Never one free token alone" drafted K = 2 at a predicted 0.92-0.98 on prose-letter (0.95x of plain):
     where the second token's verify is dear, a class whose rates pay for one token keeps one."""
     from specpipe.costmodel.calibration import expected_speedup
 
@@ -116,8 +116,10 @@ def test_a_one_token_draft_is_lengthened_only_where_the_longer_one_still_beats_p
     b.next_k()
     k = b.fit(1, 16)
     rates = (b.decision.alpha, b.decision.continuation)
-    assert expected_speedup(*rates[:1], 1, 0.0, b.ratio, rates[1]) > 1.0 > expected_speedup(
-        rates[0], 2, 0.0, b.ratio, rates[1]
+    assert (
+        expected_speedup(*rates[:1], 1, 0.0, b.ratio, rates[1])
+        > 1.0
+        > expected_speedup(rates[0], 2, 0.0, b.ratio, rates[1])
     ), rates
     assert k == 1
 
