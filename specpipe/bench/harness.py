@@ -280,13 +280,10 @@ def progress_line(n: int, total: int, r: dict, elapsed: float) -> str:
     if r["anchor"]:
         a = r["anchor"]
         # every K of mlx-lm's sweep, not only the first: its best K is what auto is held against
-        runs = a["sweep"] or ({"": a["spec"]} if a["spec"] else {})
+        runs = list((a["sweep"] or {}).values()) or ([a["spec"]] if a["spec"] else [])
         anchor = (
             f" | mlx-lm plain {a['plain']['decode_tok_s']:.1f}"
-            + "".join(
-                f", K={ak} {run['decode_tok_s']:.1f}" if ak else f", spec {run['decode_tok_s']:.1f}"
-                for ak, run in runs.items()
-            )
+            + "".join(f", K={run['num_draft_tokens']} {run['decode_tok_s']:.1f}" for run in runs)
             + " tok/s"
         )
     fixed = "".join(f" K={k} {run['speedup']:.2f}x" for k, run in (r.get("fixed") or {}).items())
