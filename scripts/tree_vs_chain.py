@@ -1,6 +1,7 @@
-"""Chain vs token trees, A/B in one sitting: SmolLM2 float32 + n-gram / lookahead on a suite, greedy.
+"""Chain vs token trees, A/B in one sitting: a float32 target (SmolLM2 default) + n-gram / lookahead, greedy.
 
     python scripts/tree_vs_chain.py [--suite code] [--limit 4] [--max-tokens 96] [--repeats 2] [--only NAME ...]
+    python scripts/tree_vs_chain.py --model qwen2.5-coder-1.5b --limit 3 --only "chain K=8" "dynamic nodes=8 depth=8"
 
 Per prompt and repeat the configurations run in rotating order over one loaded target: plain decoding
 (draft=none), n-gram chains (K = 8, 16), n-gram trees of the same verify width, budget=auto for the chain
@@ -72,6 +73,9 @@ def run(target, name, spec, prompt, max_tokens):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="the target (float32); n-gram and lookahead need no draft model"
+    )
     ap.add_argument("--suite", default="code")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -79,7 +83,7 @@ def main():
     ap.add_argument("--only", nargs="*", help="configuration names to run (plain is always run)")
     a = ap.parse_args()
     load_start = os.getloadavg()[0]
-    target = load_engine("smollm2-135m", precision="float32")
+    target = load_engine(a.model, precision="float32")
     suite = Path(__file__).resolve().parents[1] / "specpipe" / "bench" / "suites" / f"{a.suite}.jsonl"
     prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][: a.limit]
     names = [n for n in CONFIGS if n == "plain" or not a.only or n in a.only]
@@ -109,7 +113,7 @@ def main():
             f"{p['id']}: {len(plain_ids)} tokens; " + ", ".join(f"{n} {rows[n][-1][0]:.1f}" for n in names), flush=True
         )
     print(
-        f"\nSmolLM2-135M float32 ({blas.name}), suite {a.suite}, "
+        f"\n{a.model} float32 ({blas.name}), suite {a.suite}, "
         f"{len(prompts)} prompts, {a.max_tokens} tokens max, "
         f"{a.repeats} repeats (median), every output == plain decoding's; "
         f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"

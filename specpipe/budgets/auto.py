@@ -36,7 +36,10 @@ up to k_max tokens every step so that fit, not the pooled rates, decides. On
 the code suite a 1-token n-gram match led to an accepted first token 30% of
 the time and a 4-token match 87%: pooled, those make one K too long for the
 first and too short for the second. A new class starts from the pooled
-rates (PRIOR_TRIALS trials' worth).
+rates (PRIOR_TRIALS trials' worth). A model drafter with a prompt lookup in
+front (`evidence_is_free`) classes only its lookup drafts: those are priced
+at no draft cost and counted in their class alone, so the model's pooled
+rates and its cost per token c stay the model's own.
 
 Drafters that can guess tokens the target already emitted without a target
 forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
@@ -228,6 +231,11 @@ class AutoBudget(BudgetBase):
             }
 
     @property
+    def _lookup_drafts(self) -> bool:
+        """The drafter's classed drafts are free lookups beside its model (drafters/model.py lookup_min_n)."""
+        return self._drafter is not None and self._drafter.evidence_is_free
+
+    @property
     def alpha(self) -> float:
         """P(the first drafted token is accepted)."""
         return self._first[0] / sum(self._first)
@@ -265,18 +273,19 @@ class AutoBudget(BudgetBase):
     def continuation_optimistic(self) -> float:
         return _optimistic(self._next)
 
-    def _best(self, alpha: float, g: float | None = None) -> int:
+    def _best(self, alpha: float, g: float | None = None, c: float | None = None) -> int:
         from specpipe.costmodel.calibration import expected_speedup
 
         g = self.continuation if g is None else g
-        scores = {k: expected_speedup(alpha, k, self.c, self.ratio, g) for k in range(0, self.k_max + 1)}
+        c = self.c if c is None else c
+        scores = {k: expected_speedup(alpha, k, c, self.ratio, g) for k in range(0, self.k_max + 1)}
         return max(scores, key=lambda k: (scores[k], -k))  # ties go to the shorter draft
 
-    def _pays(self, k: int, alpha: float, continuation: float) -> bool:
-        """A draft of k tokens at these rates is expected to beat plain decoding."""
+    def _pays(self, k: int, alpha: float, continuation: float, c: float | None = None) -> bool:
+        """A draft of k tokens at these rates (and draft cost c per token) is expected to beat plain decoding."""
         from specpipe.costmodel.calibration import expected_speedup
 
-        return expected_speedup(alpha, k, self.c, self.ratio, continuation) >= 1.0
+        return expected_speedup(alpha, k, self.c if c is None else c, self.ratio, continuation) >= 1.0
 
     def _probe_size(self) -> int:
         """A probe's K, priced by the cost model on the optimistic rates: the draft that would pay
@@ -286,10 +295,17 @@ class AutoBudget(BudgetBase):
         return max(self.probe_k, self._best(self.alpha_optimistic, self.continuation_optimistic))
 
     def _decide(
-        self, k: int, reason: str, rates: tuple[float, float] | None = None, evidence: int | None = None
+        self,
+        k: int,
+        reason: str,
+        rates: tuple[float, float] | None = None,
+        evidence: int | None = None,
+        c: float | None = None,
     ) -> int:
         """Record why this step drafts k (the step's Drafted event carries it) and return k. `rates`: the
-        (alpha, continuation) used when not the pooled ones (an evidence class's)."""
+        (alpha, continuation) used when not the pooled ones (an evidence class's); `c`: the draft's cost per
+        token when not the drafter's (a free lookup draft's 0)."""
+        c = self.c if c is None else c
         from specpipe.costmodel.calibration import expected_speedup
 
         a, g = rates or (
@@ -297,15 +313,13 @@ class AutoBudget(BudgetBase):
             if reason == "probe"
             else (self.alpha, self.continuation)
         )
-        predicted = expected_speedup(a, k, self.c, self.ratio, g)
+        predicted = expected_speedup(a, k, c, self.ratio, g)
         t_verify = self.ratio[min(k + 1, max(self.ratio))]
         # a drafter with a cost per token stops where one more token returns less than the step's rate
         # rate: the tokens per unit of cost drafting steps returned; slot: one drafted token's share of the verify
         rate, slot = max(1.0, self._rate), (t_verify - 1.0) / max(k, 1)
         self.chain_stop = (
-            ChainStop(rate * (self.c + slot), self._hold_rates(), keep=rate * slot)
-            if k > 0 and self.c >= FREE
-            else None
+            ChainStop(rate * (c + slot), self._hold_rates(), keep=rate * slot) if k > 0 and c >= FREE else None
         )
         self.decision = BudgetDecision(
             k=k,
@@ -313,7 +327,7 @@ class AutoBudget(BudgetBase):
             predicted=round(predicted, 4),
             alpha=round(a, 4),
             continuation=round(g, 4),
-            c=round(self.c, 4),
+            c=round(c, 4),
             t_verify=round(t_verify, 4),
             evidence=evidence,
             floor=round(self.chain_stop.floor, 4) if self.chain_stop else 0.0,
@@ -370,21 +384,24 @@ class AutoBudget(BudgetBase):
     def fit(self, evidence: int, k: int) -> int:
         """K for a draft of class `evidence` in hand (at most k): that class's rates through the cost model.
         When they say plain, a drafter that can look back does so (free evidence, as in next_k); another gets
-        a probe when only the class's optimistic rates say drafting pays."""
+        a probe when only the class's optimistic rates say drafting pays. A free lookup draft of a model
+        drafter (`evidence_is_free`) is priced at no draft cost; where its class does not pay, the step is
+        plain (the model does not draft instead: at lookup_min_n >= 3 such classes are rare)."""
         self._step_evidence = evidence
+        c = 0.0 if self._lookup_drafts else self.c
         first, nxt = self._class(evidence)
         rates = (first[0] / sum(first), nxt[0] / sum(nxt))
-        best, reason = self._best(*rates), "cost model"
+        best, reason = self._best(*rates, c=c), "cost model"
         if best == 0:
             hopeful = (_optimistic(first), _optimistic(nxt))
             if self.hindsight:
                 reason = "plain"
-                self.hindsight_k = self.probe_k if self.c * self.probe_k < FREE else 1
-            elif self._best(*hopeful) > 0:
-                best, reason, rates = max(self.probe_k, self._best(*hopeful)), "probe", hopeful
+                self.hindsight_k = self.probe_k if c * self.probe_k < FREE else 1
+            elif self._best(*hopeful, c=c) > 0:
+                best, reason, rates = max(self.probe_k, self._best(*hopeful, c=c)), "probe", hopeful
             else:
                 reason = "plain"
-        if 0 < best < self.probe_k and self.c * self.probe_k < FREE and self._pays(self.probe_k, *rates):
+        if 0 < best < self.probe_k and c * self.probe_k < FREE and self._pays(self.probe_k, *rates, c=c):
             # never one free token alone: a one-token draft teaches nothing of the class's continuation,
             # which then stays at its prior, and the second token's verify costs next to nothing. Only where
             # the longer draft still beats plain: on a curve where the second token's verify is not cheap
@@ -392,7 +409,7 @@ class AutoBudget(BudgetBase):
             # seven times in one answer, and the run was 0.95x of plain
             best = self.probe_k
         self.k = min(best, k)
-        return self._decide(self.k, reason, rates, evidence)
+        return self._decide(self.k, reason, rates, evidence, c=c)
 
     def _hold_rates(self) -> tuple[float, ...]:
         """ChainStop.hold: each tenth of confidence's hold rate plus one standard error (a tenth never verified
@@ -436,6 +453,16 @@ class AutoBudget(BudgetBase):
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
+        if evidence is not None and self._lookup_drafts:
+            # a lookup draft beside a model: its class learns, the model's rates and cost do not; the next
+            # model draft first catches up on the accepted tokens, which must not be charged to c
+            first, nxt = self._class(evidence)
+            self._classes[evidence] = _counted(first, nxt, drafted, accepted, self.forget)
+            cost = self.ratio[min(fed, max(self.ratio))]
+            self._rate = self.forget * self._rate + (1 - self.forget) * (accepted + 1) / cost
+            self._drafted_before = False
+            self._carry_out()
+            return
         self._count(drafted, accepted, evidence)
         tops = self._drafter.last_tops if self._drafter is not None and self.chain_stop is not None else []
         forwards = max(drafted, len(tops))  # a chain cut by the stop also computed the token it dropped

@@ -50,6 +50,10 @@ class Drafter(Protocol):
     def last_evidence(self) -> int | None: ...  # how sure its last propose / hindsight was, as a class
 
     # (n-gram: the length of the matched suffix); None: it does not say. budget=auto keeps rates per class.
+    @property
+    def evidence_is_free(self) -> bool: ...  # drafts with a class ran no draft forward (a model drafter's prompt
+
+    # lookup): budget=auto prices them at no draft cost and keeps their rates apart from the model's
     # A drafter that chains a model (drafters/chain.py) stops where this rule says (the pipeline sets it
     # each step from the budget's `chain_stop`; None: never) and lists its drafted tokens' top probabilities
     # in `last_tops` while one is set; other drafters ignore both.
@@ -88,6 +92,7 @@ class DrafterBase:
     supports_hindsight: bool = False
     needs_hidden: bool = False
     last_evidence: int | None = None
+    evidence_is_free: bool = False
     chain_stop: Any = None  # a drafters.chain.ChainStop
     last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
 

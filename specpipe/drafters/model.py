@@ -7,6 +7,15 @@ brings it back to the accepted prefix through the run's rollback strategy
 (bound by `use_rollback`), which sees every forward of the step: its
 `before_forward` runs before the first one and what it asks to capture is
 passed to each.
+
+`draft.lookup_min_n=n` (0: off) puts a prompt lookup in front of the model:
+where the context's last n or more tokens occurred earlier, what followed
+them is the draft and no draft forward runs (the draft cache catches up on
+the accepted tokens in the next model draft's first forward, as after plain
+steps). Code edits copy long spans of their input, where the lookup is right
+as often as the model and free; elsewhere the model drafts. Such a draft's
+`last_evidence` is the matched n and `evidence_is_free` says so: budget=auto
+prices those drafts at no draft cost, with rates of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import mlx.core as mx
 from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.drafters.chain import chain, to_draft
+from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
 
@@ -35,6 +45,7 @@ class ModelDrafter(DrafterBase):
         quant: str | None = None,
         sampler=None,
         p_min: float = 0.0,
+        lookup_min_n: int = 0,
     ):
         """
         Args:
@@ -45,7 +56,15 @@ class ModelDrafter(DrafterBase):
             quant: draft weight precision; None = same as the target's config.
             sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor: stop drafting below this top probability (0: never).
+            lookup_min_n: draft by prompt lookup where at least this many context tokens match (0: never).
         """
+        if not 0 <= lookup_min_n <= MAX_N:
+            raise SpecpipeError(
+                f"draft.lookup_min_n={lookup_min_n} is out of range: 0 (no lookup) or 1..{MAX_N} (3 suits code edits)"
+            )
+        # longest match first, at least 4 tokens long when the floor allows: the n-gram drafter's default
+        self._lookup = NgramDrafter(min_n=lookup_min_n, max_n=max(4, lookup_min_n)) if lookup_min_n else None
+        self.evidence_is_free = self._lookup is not None
         self.sampler = sampler
         self.p_min = p_min
         if not path and (model.endswith(".gguf") or "/" in model):
@@ -90,10 +109,18 @@ class ModelDrafter(DrafterBase):
         self.engine.prefill(prompt_ids[:-1], self.cache)
         self.cached_len = len(prompt_ids) - 1
         self._fed = None
+        if self._lookup is not None:
+            self._lookup.prefill(prompt_ids)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft(token_ids=[])
+        if self._lookup is not None:
+            draft = self._lookup.propose(context_ids, k)
+            self.last_evidence = self._lookup.last_evidence
+            if draft.token_ids:
+                self.last_tops = []  # no chain ran: nothing for the chain stop's hold rates
+                return draft
         capture = self.rollback_capture()
         start = self.cached_len
         # Feed what the draft cache has not seen yet (at least the last token) in
@@ -127,7 +154,12 @@ class ModelDrafter(DrafterBase):
         self._fed = (context_ids[start:] + drafted)[:fed]  # only the short tail: no copy of the whole context
 
     def propose_tree(self, context_ids: list[int], shape):
-        """A greedy chain with its top-k siblings at each depth (tree != chain; specpipe/trees/)."""
+        """A greedy chain with its top-k siblings at each depth (tree != chain; specpipe/trees/); with the
+        prompt lookup on, the trie of earlier matches' continuations where the context's tail matched."""
         from specpipe.trees.drafting import model_candidates
 
+        if self._lookup is not None:
+            tree = self._lookup.propose_tree(context_ids, shape)
+            if tree.candidates.tokens:
+                return tree
         return model_candidates(self, context_ids, shape.max_depth, shape.width)
