@@ -74,6 +74,7 @@ def test_hold_rates_learn_where_the_drafts_confidence_fails():
 
     class Drafter:
         last_tops: list[float] = []
+        evidence_is_free = False
 
     b = AutoBudget(k_max=16)
     b.ratio = interpolate({1: 1.0, 2: 1.02, 3: 1.29, 5: 1.22, 9: 1.43, 17: 1.76, 33: 2.6})

@@ -85,29 +85,67 @@ class _Hybrid:
     """What budget=auto reads of a model drafter with a lookup in front."""
 
     evidence_is_free = True
+    last_evidence: int | None = None
     last_tops: list[float] = []  # noqa: RUF012
 
 
-def test_auto_prices_lookup_drafts_free_and_keeps_them_out_of_the_models_rates_and_cost():
+def test_auto_prices_lookup_drafts_free_and_keeps_them_out_of_the_models_rates_cost_and_stop():
     b = AutoBudget(k_max=16)
     b.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 34)}
     b.c, b._drafter = 0.4, _Hybrid()
     for _ in range(6):  # the model: first token right, second wrong
         b.next_k()
         b.observe(min(b.k, 4), 1, draft_s=0.04, verify_s=0.1)
-    model_rates, model_c = (b.alpha, b.continuation), b.c
+    model = (b.alpha, b.continuation, b.c, b._rate)
     for _ in range(10):  # lookups of class 4 hold entirely
         b.next_k()
+        b._drafter.last_evidence = 4
         k = b.fit(4, 16)
-        assert b.decision.c == 0.0  # priced without a draft cost
+        assert b.decision.c == 0.0 and b.decision.evidence == 4  # priced without a draft cost
         b.observe(k, k, draft_s=0.0001, verify_s=0.1)
-    assert (b.alpha, b.continuation) == model_rates
-    assert b.c == model_c
+        b._drafter.last_evidence = None
+    assert (b.alpha, b.continuation, b.c, b._rate) == model  # _rate: the chain stop's S, so its floor too
     b.next_k()
+    b._drafter.last_evidence = 4
     assert b.fit(4, 16) >= 8  # a free, always-right class drafts long
+
+
+def test_an_override_step_that_drew_a_lookup_does_not_teach_the_model_cost():
+    b = AutoBudget(k_max=16)
+    b.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 34)}
+    b.c, b._drafter = 0.4, _Hybrid()
+    b._drafter.last_evidence = 3  # no fit ran (the step's K was set by hand), the draft was still a lookup
+    for _ in range(5):
+        b.observe(4, 4, draft_s=0.0001, verify_s=0.1)
+    assert b.c == 0.4
+
+
+def test_auto_lookups_draft_past_the_models_k_and_are_logged_as_free():
+    target = tiny("llama")
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    baseline, _ = run(target, NoneDrafter(), FixedBudget(k=1), prompt, 48)
+    drafter = lookup_drafter(target, draft)
+    b = prepared(AutoBudget(k_max=16), target, drafter)
+    got, drafted = run(target, drafter, b, prompt, 48)
+    assert got == baseline, first_difference(target, prompt, baseline, got)
+    lookups = [e for e in drafted if e.draft_ids and e.forwards == 0]
+    assert lookups and all(e.decision.c == 0.0 and e.decision.evidence for e in lookups)
+    assert all(e.decision.c > 0 for e in drafted if e.forwards > 0)  # model steps keep the model's cost
 
 
 def test_lookup_min_n_out_of_range_is_refused_in_one_line():
     target = tiny("llama")
     with pytest.raises(SpecpipeError, match="draft.lookup_min_n=99 is out of range"):
         ModelDrafter(target=target, load=None, model="self", lookup_min_n=99)
+
+
+def test_a_lookup_may_draft_past_the_models_k_when_the_budget_allows():
+    target = tiny("llama")
+    drafter = lookup_drafter(target, noisy_copy(target, scale=0.5))
+    ids = target.encode_prompt(PROMPT, chat=False)
+    drafter.prefill(ids)
+    assert drafter.propose(ids, 0).token_ids == []  # fixed budgets: lookup_k 0, the step's K caps the lookup
+    assert len(drafter.propose(ids, 2).token_ids) == 2
+    drafter.lookup_k = 8  # auto: up to k_max, even at K = 0, and no draft forward
+    assert len(drafter.propose(ids, 0).token_ids) > 2 and drafter.forwards == 0

@@ -122,6 +122,7 @@ class AutoBudget(BudgetBase):
                 f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max"
             )
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
+        self.lookup_k = k_max  # a model drafter's free lookup drafts up to k_max; fit sizes it by its class
         self.probe_max, self.quick = probe_max, quick
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
         # a weak prior, two trials' worth each: [successes, failures]
@@ -453,13 +454,14 @@ class AutoBudget(BudgetBase):
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
-        if evidence is not None and self._lookup_drafts:
-            # a lookup draft beside a model: its class learns, the model's rates and cost do not; the next
-            # model draft first catches up on the accepted tokens, which must not be charged to c
+        if self._lookup_drafts and self._drafter is not None and self._drafter.last_evidence is not None:
+            # a lookup draft beside a model (read from the drafter: an override step skips fit): its class
+            # learns; the model's rates, its cost c and the chain stop's rate S do not (a free step's tokens
+            # per cost would raise S until every model chain stopped after one token). The next model draft
+            # first catches up on the accepted tokens, which must not be charged to c either.
+            evidence = self._drafter.last_evidence
             first, nxt = self._class(evidence)
             self._classes[evidence] = _counted(first, nxt, drafted, accepted, self.forget)
-            cost = self.ratio[min(fed, max(self.ratio))]
-            self._rate = self.forget * self._rate + (1 - self.forget) * (accepted + 1) / cost
             self._drafted_before = False
             self._carry_out()
             return

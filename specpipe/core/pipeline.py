@@ -156,15 +156,19 @@ class SpeculativePipeline:
                         k = self.budget.next_k()
                         decision = self.budget.decision
                     k = min(k, max_tokens - len(output) - 1)
+                    # a free lookup beside a model (evidence_is_free) may draft past the model's K, even at K = 0
+                    lookup_k = self.budget.lookup_k if control.k is None and self.drafter.evidence_is_free else 0
+                    lookup_k = min(lookup_k, max_tokens - len(output) - 1)
                     s = time.perf_counter()
                     f0 = self.drafter.forwards
                     self.drafter.chain_stop = self.budget.chain_stop if control.k is None else None
-                    draft = self.drafter.propose(context, k) if k > 0 else Draft(token_ids=[])
+                    self.drafter.lookup_k = lookup_k
+                    draft = self.drafter.propose(context, k) if max(k, lookup_k) > 0 else Draft(token_ids=[])
                     f1 = self.drafter.forwards
                     if draft.token_ids and self.drafter.last_evidence is not None and control.k is None:
                         # the drafter said how sure this draft is (n-gram: the match length): the budget keeps
                         # as much of it as that class's acceptance pays for, maybe none (a plain step)
-                        k = self.budget.fit(self.drafter.last_evidence, min(k, len(draft.token_ids)))
+                        k = self.budget.fit(self.drafter.last_evidence, min(max(k, lookup_k), len(draft.token_ids)))
                         decision = self.budget.decision
                     draft.token_ids = draft.token_ids[: max(k, 0)]
                     k_eff = len(draft.token_ids)

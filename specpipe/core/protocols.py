@@ -59,6 +59,9 @@ class Drafter(Protocol):
     # in `last_tops` while one is set; other drafters ignore both.
     chain_stop: Any
     last_tops: list[float]
+    # a drafter with free lookups (evidence_is_free) may propose up to this many lookup tokens even where the
+    # step's K is smaller or 0 (the pipeline sets it each step from the budget's `lookup_k`); others ignore it
+    lookup_k: int
 
     def use_rollback(self, strategy: Rollback) -> None:
         """Roll its own cache back with `strategy` (SpecpipeError now if it cannot)."""
@@ -93,6 +96,7 @@ class DrafterBase:
     needs_hidden: bool = False
     last_evidence: int | None = None
     evidence_is_free: bool = False
+    lookup_k: int = 0
     chain_stop: Any = None  # a drafters.chain.ChainStop
     last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
 
@@ -130,6 +134,8 @@ class Budget(Protocol):
     @property
     def hindsight_k(self) -> int: ...  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
     @property
+    def lookup_k(self) -> int: ...  # a free lookup's longest draft whatever the step's K (auto: k_max; 0: the K)
+    @property
     def p_min(
         self,
     ) -> float: ...  # > 0: the drafter stops below this top probability (confidence), given to its constructor
@@ -164,6 +170,7 @@ class BudgetBase:
     label_params: tuple[str, ...] = ()
     decision: BudgetDecision | None = None
     hindsight_k: int = 0
+    lookup_k: int = 0
     chain_stop: Any = None
     p_min: float = 0.0
 

@@ -15,7 +15,11 @@ the accepted tokens in the next model draft's first forward, as after plain
 steps). Code edits copy long spans of their input, where the lookup is right
 as often as the model and free; elsewhere the model drafts. Such a draft's
 `last_evidence` is the matched n and `evidence_is_free` says so: budget=auto
-prices those drafts at no draft cost, with rates of their own.
+prices those drafts at no draft cost, with rates of their own, and lets the
+lookup draft up to its k_max (`lookup_k`) whatever K it gives the model, even
+K = 0; a fixed budget's K caps both. With a token tree the lookup proposes the
+trie of earlier matches' continuations (trees/drafting.py); the tree budget
+prices it like the model's tree.
 """
 
 from __future__ import annotations
@@ -113,14 +117,14 @@ class ModelDrafter(DrafterBase):
             self._lookup.prefill(prompt_ids)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
-        if k <= 0:
-            return Draft(token_ids=[])
         if self._lookup is not None:
-            draft = self._lookup.propose(context_ids, k)
+            draft = self._lookup.propose(context_ids, max(k, self.lookup_k))  # auto: up to k_max, free
             self.last_evidence = self._lookup.last_evidence
             if draft.token_ids:
                 self.last_tops = []  # no chain ran: nothing for the chain stop's hold rates
                 return draft
+        if k <= 0:
+            return Draft(token_ids=[])
         capture = self.rollback_capture()
         start = self.cached_len
         # Feed what the draft cache has not seen yet (at least the last token) in
