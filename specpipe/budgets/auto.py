@@ -246,10 +246,11 @@ class AutoBudget(BudgetBase):
         """P(a drafted token is accepted | the one before it was)."""
         return self._next[0] / sum(self._next)
 
-    def _count(self, drafted: int, accepted: int, evidence: int | None = None) -> None:
+    def _count(self, drafted: int, accepted: int, evidence: int | None = None, pooled: bool = True) -> None:
         """One step's evidence: a draft of `drafted` tokens whose first `accepted` were right; a draft of
-        class `evidence` counts for that class's rates as well as the pooled ones."""
-        self._first, self._next = _counted(self._first, self._next, drafted, accepted, self.forget)
+        class `evidence` counts for that class's rates as well as the pooled ones (unless not `pooled`)."""
+        if pooled:
+            self._first, self._next = _counted(self._first, self._next, drafted, accepted, self.forget)
         if evidence is not None:
             first, nxt = self._class(evidence)
             self._classes[evidence] = _counted(first, nxt, drafted, accepted, self.forget)
@@ -459,9 +460,7 @@ class AutoBudget(BudgetBase):
             # learns; the model's rates, its cost c and the chain stop's rate S do not (a free step's tokens
             # per cost would raise S until every model chain stopped after one token). The next model draft
             # first catches up on the accepted tokens, which must not be charged to c either.
-            evidence = self._drafter.last_evidence
-            first, nxt = self._class(evidence)
-            self._classes[evidence] = _counted(first, nxt, drafted, accepted, self.forget)
+            self._count(drafted, accepted, self._drafter.last_evidence, pooled=False)
             self._drafted_before = False
             self._carry_out()
             return

@@ -50,10 +50,11 @@ class Drafter(Protocol):
     def last_evidence(self) -> int | None: ...  # how sure its last propose / hindsight was, as a class
 
     # (n-gram: the length of the matched suffix); None: it does not say. budget=auto keeps rates per class.
+    # evidence_is_free: drafts with a class ran no draft forward (a model drafter's prompt lookup), so
+    # budget=auto prices them at no draft cost and keeps their rates apart from the model's.
     @property
-    def evidence_is_free(self) -> bool: ...  # drafts with a class ran no draft forward (a model drafter's prompt
+    def evidence_is_free(self) -> bool: ...
 
-    # lookup): budget=auto prices them at no draft cost and keeps their rates apart from the model's
     # A drafter that chains a model (drafters/chain.py) stops where this rule says (the pipeline sets it
     # each step from the budget's `chain_stop`; None: never) and lists its drafted tokens' top probabilities
     # in `last_tops` while one is set; other drafters ignore both.
