@@ -7,7 +7,9 @@ Per prompt and repeat the configurations run in rotating order: plain decoding, 
 trees (draft=model proposes its greedy chain with the top-k siblings of each token; fixed shape and
 budget=auto sizing), the same with a prompt lookup in front of the draft model (`draft.lookup_min_n=3`:
 where the context's last 3+ tokens occurred earlier, what followed them is the draft, no draft forward),
-mlx-lm plain and mlx-lm with num_draft_tokens K. Every output, ours and mlx-lm's,
+mlx-lm plain and mlx-lm with num_draft_tokens K. Our draft head is cut to the 32k most frequent ids plus the
+context's by default (draft.vocab, drafters/draft_vocab.py); the "whole draft head" rows score every id, as
+mlx-lm's draft does. Every output, ours and mlx-lm's,
 is checked equal to plain decoding's. Speed-ups: ours over our plain, mlx-lm's over its own plain
 (geometric mean over prompts of the median repeat's decode tok/s).
 """
@@ -37,28 +39,33 @@ from specpipe.trees.step import TreeStep  # noqa: E402
 
 DYN = lambda n, depth, width=3: TreeShape(kind="dynamic", nodes=n, depth=depth, branching=[width] * depth)  # noqa: E731
 
-# name -> (budget: int K or "auto", tree shape or None, lookup_min_n); None budget: plain decoding
+# name -> (budget: int K or "auto", tree shape or None, lookup_min_n, draft.vocab); None budget: plain decoding.
+# draft.vocab None: the default (the draft head cut to 32768 rows + the context's); 0: the whole head, as mlx-lm
 CONFIGS = {
-    "plain": (None, None, 0),
-    "chain K=4": (4, None, 0),
-    "chain K=8": (8, None, 0),
-    "chain auto": ("auto", None, 0),
-    "tree dynamic nodes=8 depth=4": (8, DYN(8, 4), 0),
-    "tree dynamic nodes=16 depth=6": (8, DYN(16, 6), 0),
-    "tree auto (dynamic 16, depth <= 8)": ("auto", DYN(16, 8), 0),
-    "lookup + chain K=8": (8, None, 3),
-    "lookup + chain auto": ("auto", None, 3),
-    "lookup + tree dynamic nodes=16 depth=6": (8, DYN(16, 6), 3),
+    "plain": (None, None, 0, None),
+    "chain K=4": (4, None, 0, None),
+    "chain K=8": (8, None, 0, None),
+    "chain auto": ("auto", None, 0, None),
+    "chain K=8, whole draft head": (8, None, 0, 0),
+    "chain auto, whole draft head": ("auto", None, 0, 0),
+    "tree dynamic nodes=8 depth=4": (8, DYN(8, 4), 0, None),
+    "tree dynamic nodes=16 depth=6": (8, DYN(16, 6), 0, None),
+    "tree auto (dynamic 16, depth <= 8)": ("auto", DYN(16, 8), 0, None),
+    "lookup + chain K=8": (8, None, 3, None),
+    "lookup + chain auto": ("auto", None, 3, None),
+    "lookup + tree dynamic nodes=16 depth=6": (8, DYN(16, 6), 3, None),
 }
 
 
 def run(target, draft, spec, prompt, max_tokens):
-    k, shape, lookup = spec
+    k, shape, lookup, vocab = spec
     rollback = TrimRollback()
     if k is None:
         drafter, budget = NoneDrafter(), FixedBudget(k=1)
     else:
-        drafter = ModelDrafter(target=target, load=lambda **_: draft, model="qwen2.5-coder-0.5b", lookup_min_n=lookup)
+        drafter = ModelDrafter(
+            target=target, load=lambda **_: draft, model="qwen2.5-coder-0.5b", lookup_min_n=lookup, vocab=vocab
+        )
         budget = AutoBudget() if k == "auto" else FixedBudget(k=k)
         budget.prepare(target, drafter)
     step = TreeStep(target, drafter, shape, rollback, budget=budget if k == "auto" else None) if shape else None

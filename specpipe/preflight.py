@@ -45,6 +45,7 @@ RANGES = {
     "prefill.progress_tokens": (0, None, "give a prompt length in tokens (0: a bar for every prompt)"),
     "kv.size": (1, None, "give the window in positions, e.g. kv.size=4096"),
     "draft.depth": (1, None, "draft with at least one layer"),
+    "draft.vocab": (0, None, "0 (every id) or the number of most frequent ids the draft head scores, e.g. 32768"),
     "draft.lookup_min_n": (0, 64, "0 (no prompt lookup) or the shortest match to draft from, 1..64 (3 suits code)"),
     "rollback.max_snapshot_mb": (0, None, "give a size in MiB, 0 or more"),
 }

@@ -132,7 +132,7 @@ def chi_square_rejects(counts: Counter, joint: np.ndarray, alpha_z: float = 3.09
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "model+lookup"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "model+lookup", "model+vocab"])
 @pytest.mark.parametrize("comparator_cls", [RejectionComparator, MatchComparator])
 def test_speculative_sampling_matches_target_distribution(small_vocab_models, drafter_kind, comparator_cls):
     target, draft = small_vocab_models
@@ -143,6 +143,8 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_models, dr
         drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler)
     elif drafter_kind == "model+lookup":  # point-mass lookup drafts where [1, 2] repeats, the model's q elsewhere
         drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler, lookup_min_n=2)
+    elif drafter_kind == "model+vocab":  # a cut draft head: q is 0 on ids 4..7 until the target emits them
+        drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler, vocab=3)
     else:
         drafter = NgramDrafter(min_n=1, max_n=2)
     rejects, stat, critical = chi_square_rejects(sample_pairs(target, drafter, comparator_cls, sampler, prompt), joint)

@@ -134,4 +134,6 @@ def draft_cost(drafter, target, quick: bool = True) -> float:
         return 0.0
     if engine is target:
         return 1.0  # draft.model=self: a full target forward per drafted token
-    return verify_cost_curve(engine, quick)["t1_s"] / verify_cost_curve(target, quick)["t1_s"]
+    # a restricted draft head (draft.vocab) reads fewer bytes than the full forward timed here
+    share = getattr(drafter, "bytes_share", 1.0)
+    return share * verify_cost_curve(engine, quick)["t1_s"] / verify_cost_curve(target, quick)["t1_s"]

@@ -28,10 +28,16 @@ import mlx.core as mx
 
 from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
+from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
+from specpipe.drafters.draft_vocab import DraftVocab, head_module
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
+
+# The rows a draft head scores by default: the 32k most frequent ids cover nearly every token code and
+# English text use; Qwen's 152k-row head shrinks to a fifth (drafters/draft_vocab.py).
+DEFAULT_VOCAB = 32768
 
 
 class ModelDrafter(DrafterBase):
@@ -50,6 +56,7 @@ class ModelDrafter(DrafterBase):
         sampler=None,
         p_min: float = 0.0,
         lookup_min_n: int = 0,
+        vocab: int | None = None,
     ):
         """
         Args:
@@ -61,6 +68,9 @@ class ModelDrafter(DrafterBase):
             sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor: stop drafting below this top probability (0: never).
             lookup_min_n: draft by prompt lookup where at least this many context tokens match (0: never).
+            vocab: the draft's LM head scores only the `vocab` lowest ids plus the context's and the end
+                ids (drafters/draft_vocab.py); 0: the whole vocabulary; None: DEFAULT_VOCAB where the
+                draft's head can be cut, else the whole vocabulary.
         """
         if not 0 <= lookup_min_n <= MAX_N:
             raise SpecpipeError(
@@ -83,11 +93,46 @@ class ModelDrafter(DrafterBase):
                     f"draft model {self.engine.info.name} and target {target.info.name} have different "
                     f"tokenizers ({diff}): pick a draft model of the same family, or draft=ngram"
                 )
+        self._vocab = self._draft_vocab(vocab, target)
+        self._vocab_seen = 0  # context ids whose rows the draft vocabulary has taken in
         self.cache = self.engine.make_cache()
         self.cached_len = 0
         self.forwards = 0
         self._rollback: Rollback | None = None  # the run's rollback strategy, for this drafter's own cache
         self._fed: list[int] | None = None  # ids fed into the cache since the strategy's before_forward
+
+    def _draft_vocab(self, vocab: int | None, target) -> DraftVocab | None:
+        """The restricted head for draft.vocab (None: every row is scored)."""
+        if vocab is None:  # the default: cut the head where it can be cut, quietly keep it elsewhere
+            try:
+                return self._draft_vocab(DEFAULT_VOCAB, target)
+            except SpecpipeError:
+                return None
+        if vocab == 0:
+            return None
+        setting = f"draft.vocab={vocab}"
+        if vocab < 0:
+            raise SpecpipeError(f"{setting} is out of range: 0 (the whole vocabulary) or a row count such as 32768")
+        try:
+            inner, _ = self.engine.hidden_parts()
+        except SpecpipeError:
+            raise SpecpipeError(
+                f"{setting}: {self.engine.info.name} is not a llama-like model whose logits are its LM head over "
+                "its hidden states, so its head cannot be cut; use draft.vocab=0"
+            ) from None
+        head = head_module(self.engine.model, inner, setting)
+        if vocab >= head.weight.shape[0]:
+            return None
+        return DraftVocab(head, vocab, always=target.eos_token_ids)
+
+    def draft_logits(self, ids: mx.array, capture: Capture | None) -> mx.array:
+        """[1, vocab] float32 logits after feeding `ids` [n] into the draft cache: the last position's."""
+        if self._vocab is None:
+            return self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
+        states = capture.states if capture is not None else None
+        hidden = self.engine.forward(ids, self.cache, capture=Capture(hidden=True, states=states)).hidden
+        assert hidden is not None  # asked for with hidden=True
+        return self._vocab.logits(hidden[-1:])  # the full head's logits stay lazy, never computed
 
     def use_rollback(self, strategy) -> None:
         """Roll this drafter's cache back with `strategy` (refused now if it cannot: SpecpipeError)."""
@@ -113,6 +158,9 @@ class ModelDrafter(DrafterBase):
         self.engine.prefill(prompt_ids[:-1], self.cache)
         self.cached_len = len(prompt_ids) - 1
         self._fed = None
+        if self._vocab is not None:
+            self._vocab.reset(prompt_ids)
+            self._vocab_seen = len(prompt_ids)
         if self._lookup is not None:
             self._lookup.prefill(prompt_ids)
 
@@ -125,6 +173,7 @@ class ModelDrafter(DrafterBase):
                 return draft
         if k <= 0:
             return Draft(token_ids=[])
+        self.take_in(context_ids)
         capture = self.rollback_capture()
         start = self.cached_len
         # Feed what the draft cache has not seen yet (at least the last token) in
@@ -137,7 +186,7 @@ class ModelDrafter(DrafterBase):
             ids = mx.array(context_ids[start:], dtype=mx.uint32) if i == 0 else y
             fed += len(context_ids) - start if i == 0 else 1
             self.forwards += 1
-            return self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
+            return self.draft_logits(ids, capture)
 
         self.last_tops = []
         tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min, self.chain_stop, self.last_tops)
@@ -146,6 +195,17 @@ class ModelDrafter(DrafterBase):
         )  # accepted tokens fed beside the newest one
         self.note_fed(context_ids, start, draft.token_ids, fed)
         return draft
+
+    def take_in(self, context_ids: list[int]) -> None:
+        """Let the draft propose what the target has emitted since the last draft (draft.vocab)."""
+        if self._vocab is not None:
+            self._vocab.add(context_ids[self._vocab_seen :])
+            self._vocab_seen = len(context_ids)
+
+    @property
+    def bytes_share(self) -> float:
+        """The share of a full forward's weight bytes a drafted token reads (< 1 with draft.vocab)."""
+        return self._vocab.bytes_share(weight_bytes(self.engine.model)) if self._vocab is not None else 1.0
 
     def rollback_capture(self) -> Capture | None:
         """Tell the rollback strategy a forward on this drafter's cache may be partly undone; what to record."""

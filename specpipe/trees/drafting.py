@@ -77,7 +77,7 @@ def model_candidates(drafter, context_ids: list[int], depth: int, width: int) ->
     (read from the same logits). The draft cache ends holding the context
     and the chain's first depth - 1 tokens, as after `propose`.
     """
-    engine, cache = drafter.engine, drafter.cache
+    drafter.take_in(context_ids)
     capture = drafter.rollback_capture()  # the drafter rolls its own cache back afterwards, as after propose
     start = drafter.cached_len
     y = mx.array(context_ids[start:], dtype=mx.uint32)
@@ -85,7 +85,7 @@ def model_candidates(drafter, context_ids: list[int], depth: int, width: int) ->
     catchup = fed - 1
     tops, probs = [], []
     for i in range(depth):
-        logits = engine.forward(y, cache, capture=capture).logits[-1]
+        logits = drafter.draft_logits(y, capture)[-1]
         drafter.forwards += 1
         fed += i > 0
         p = mx.softmax(logits, axis=-1)
