@@ -17,10 +17,10 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
 
 from specpipe.engine import introspect
 from specpipe.engine.info import ModelInfo
+from specpipe.engine.kv import model_cache
 from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
 
 PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
@@ -75,15 +75,18 @@ class Engine:
             None  # [(parent, key, StepwiseMixer)], found on the first state capture
         )
         self.prefill_chunk = PREFILL_CHUNK
-        self.kv = None  # a KV cache policy (engine/kv.py, kv=...); None: the model's own caches
+        self.kv = None  # a KV cache policy (engine/kv.py, kv=...); None: the model's own (kv.model_cache)
 
     @property
     def eos_token_ids(self) -> set[int]:
         return set(self.tokenizer.eos_token_ids or ())
 
     def make_cache(self) -> list:
-        """A fresh per-layer cache (KV for attention, state for recurrent layers), as `kv` chooses."""
-        return self.kv.make_cache(self.model) if self.kv is not None else make_prompt_cache(self.model)
+        """A fresh per-layer cache (KV for attention, state for recurrent layers), as `kv` chooses.
+
+        Sliding-window layers get kv.py's WindowKVCache, which rolls back exactly past the window.
+        """
+        return self.kv.make_cache(self.model) if self.kv is not None else model_cache(self.model)
 
     def forward(
         self, token_ids, cache: list | None, *, capture: Capture | None = None, positions=None, mask=None

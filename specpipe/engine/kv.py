@@ -2,10 +2,16 @@
 
 Contract: a policy's `check(engine)` raises SpecpipeError (one line) when the
 model cannot use it, before anything runs; `make_cache(model)` returns the
-model's own prompt cache with every plain `KVCache` replaced (recurrent and
-model-specific layers are kept). Every cache made here truncates exactly, so
-every rollback strategy stays lossless: greedy speculation on a `kv` choice
-equals plain decoding on the same choice.
+model's own prompt cache (`model_cache`) with every plain `KVCache` replaced
+(recurrent and model-specific layers are kept). Every cache made here
+truncates exactly, so every rollback strategy stays lossless: greedy
+speculation on a `kv` choice equals plain decoding on the same choice.
+
+`model_cache` is the model's own cache with each of its sliding-window
+layers (mlx-lm's `RotatingKVCache(keep=0)`, e.g. gemma3's) swapped for a
+`WindowKVCache` of the same window: the same attention, but rollbacks past
+the wrap stay exact. A rotating layer with attention sinks (keep > 0) is
+kept, and rollbacks/layers.py refuses it before a run.
 
 - `full`: mlx-lm's KVCache, every position in the model's precision.
 - `quantized`: mlx-lm's QuantizedKVCache (`bits` 4 / 8, `group_size`):
@@ -27,7 +33,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import base as mlx_base
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from specpipe.errors import SpecpipeError
 
@@ -44,7 +50,7 @@ class FullKV:
         pass
 
     def make_cache(self, model) -> list:
-        return make_prompt_cache(model)
+        return model_cache(model)
 
 
 class QuantizedKV:
@@ -78,7 +84,7 @@ class QuantizedKV:
     def make_cache(self, model) -> list:
         return [
             _replace(c, lambda: QuantizedKVCache(group_size=self.group_size, bits=self.bits))
-            for c in make_prompt_cache(model)
+            for c in model_cache(model)
         ]
 
 
@@ -95,7 +101,26 @@ class WindowKV:
         _require_plain_layers(make_prompt_cache(engine.model), engine, "window")
 
     def make_cache(self, model) -> list:
-        return [_replace(c, lambda: WindowKVCache(self.size, self.margin)) for c in make_prompt_cache(model)]
+        return [_replace(c, lambda: WindowKVCache(self.size, self.margin)) for c in model_cache(model)]
+
+
+def model_cache(model) -> list:
+    """The model's own prompt cache, each sliding-window layer as a WindowKVCache of its window.
+
+    mlx-lm's RotatingKVCache cannot give positions back once it has wrapped,
+    so a rollback past the window would keep rejected drafts (or fail);
+    WindowKVCache attends the same way and truncates exactly.
+    """
+    return [_exact_window(c) for c in make_prompt_cache(model)]
+
+
+def _exact_window(layer):
+    """`layer`, or a WindowKVCache in place of a RotatingKVCache(keep=0) (also inside a CacheList)."""
+    if isinstance(layer, CacheList):
+        return CacheList(*(_exact_window(c) for c in layer.caches))
+    if type(layer) is RotatingKVCache and layer.keep == 0:
+        return WindowKVCache(layer.max_size)
+    return layer
 
 
 # ---------------------------------------------------------------- the sliding-window cache
@@ -165,13 +190,17 @@ class WindowKVCache(KVCache):
         return self.offset - (self.window + self.margin)
 
     def make_mask(self, N: int, window_size=None, return_array: bool = False, **_unused):
-        """Causal, limited to the last `window` positions (built before this forward's update)."""
+        """Causal, limited to the last `window` positions (built before this forward's update).
+
+        A model may ask for a narrower window (`window_size`), as RotatingKVCache honours.
+        """
+        window = min(self.window, window_size) if window_size else self.window
         start = self._next_start()
-        if start > self.offset + N - 1 - self.window and not return_array:
+        if start > self.offset + N - 1 - window and not return_array:
             return "causal" if N > 1 else None  # every held position is inside the newest query's window
         queries = mx.arange(self.offset, self.offset + N)[:, None]
         keys = mx.arange(start, self.offset + N)[None]
-        return (queries >= keys) & (queries < keys + self.window)
+        return (queries >= keys) & (queries < keys + window)
 
     def size(self) -> int:
         return self.offset - self.start

@@ -6,14 +6,17 @@ Mamba + attention layers do) into attention parts, which roll back by
 truncation (`trim(n)`), and recurrent parts (`ArraysCache`: SSM / delta-rule
 / conv states), which hold one state for "everything so far" and must be
 restored. Anything else is refused by `check` with one line naming it.
-Nothing here runs a model.
+Parts are sorted by kind, never by how full they are now: mlx-lm's
+RotatingKVCache truncates only until it wraps, so it is always refused
+(the engine gives sliding-window layers engine/kv.py's WindowKVCache; only
+one with attention sinks, keep > 0, is left). Nothing here runs a model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mlx_lm.models.cache import CacheList
+from mlx_lm.models.cache import CacheList, RotatingKVCache
 
 from specpipe.errors import SpecpipeError
 
@@ -22,7 +25,7 @@ STRATEGIES = "rollback=checkpoint, rollback=recompute or rollback=auto"
 
 @dataclass
 class Layers:
-    attention: list = field(default_factory=list)  # truncatable parts (KVCache, RotatingKVCache, ...)
+    attention: list = field(default_factory=list)  # truncatable parts (KVCache, WindowKVCache, ...)
     recurrent: list = field(default_factory=list)  # ArraysCache-like parts: `.cache` is a list of state slots
     other: list = field(default_factory=list)  # neither: no strategy here can roll them back
 
@@ -45,8 +48,12 @@ def split(cache: list) -> Layers:
         for leaf in parts(entry):
             if is_recurrent(leaf):
                 layers.recurrent.append(leaf)
-            elif leaf.is_trimmable():
-                layers.attention.append(leaf)
+            elif isinstance(leaf, RotatingKVCache):
+                # trimmable on a fresh cache, not once wrapped: sorted as what it becomes,
+                # so `check` refuses it and no rollback passes over it
+                layers.other.append(leaf)
+            elif leaf.is_trimmable() or callable(getattr(leaf, "trim", None)):
+                layers.attention.append(leaf)  # `trim` below refuses one that cannot truncate just now
             else:
                 layers.other.append(leaf)
     return layers
@@ -60,6 +67,7 @@ def kinds(leaves: list) -> str:
 def check(cache: list, role: str, strategy: str) -> Layers:
     """Refuse a cache with parts that neither truncate nor hold restorable state."""
     layers = split(cache)
+    refuse_rotating(layers.other, role, strategy)
     if layers.other:
         raise SpecpipeError(
             f"rollback={strategy} cannot roll back the {role} model: its {kinds(layers.other)} layers neither "
@@ -68,18 +76,27 @@ def check(cache: list, role: str, strategy: str) -> Layers:
     return layers
 
 
+def refuse_rotating(leaves: list, role: str, strategy: str) -> None:
+    """Refuse mlx-lm RotatingKVCache parts in one line (engine/kv.py swaps the keep=0 ones before this)."""
+    rotating = [leaf for leaf in leaves if isinstance(leaf, RotatingKVCache)]
+    if rotating:
+        keep = ", ".join(sorted({str(leaf.keep) for leaf in rotating}))
+        raise SpecpipeError(
+            f"rollback={strategy} cannot roll back the {role} model: its RotatingKVCache layers (keep={keep}) "
+            f"cannot give positions back once past their window of {rotating[0].max_size}; use draft=none"
+        )
+
+
 def trim(leaves: list, n: int) -> None:
     """Drop the newest `n` positions of every attention part."""
     if n <= 0:
         return
     for leaf in leaves:
         if not leaf.is_trimmable():
-            # A RotatingKVCache past its window cannot give positions back.
-            raise SpecpipeError(
-                f"cannot roll back a {type(leaf).__name__} layer that is past its window; use draft=none"
-            )
+            raise SpecpipeError(f"cannot roll back a {type(leaf).__name__} layer just now; use draft=none")
         trimmed = leaf.trim(n)
-        assert trimmed == n, f"trimmed {trimmed} of {n} positions of a {type(leaf).__name__}"
+        if trimmed != n:
+            raise SpecpipeError(f"a {type(leaf).__name__} layer gave back {trimmed} of {n} positions; use draft=none")
 
 
 def slot_bytes(arrays, exclude=()) -> int:

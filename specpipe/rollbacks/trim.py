@@ -2,15 +2,18 @@
 
 Refuses, before the run, caches with non-trimmable layers (recurrent state:
 Mamba, Gated DeltaNet, ...), because truncation would silently keep state
-from rejected tokens.
+from rejected tokens, and mlx-lm RotatingKVCache layers, which stop
+truncating once they wrap (the engine's sliding-window layers are
+WindowKVCache, which truncates exactly: engine/kv.py).
 """
 
 from __future__ import annotations
 
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache
 
 from specpipe.core.protocols import RollbackBase
 from specpipe.errors import SpecpipeError
+from specpipe.rollbacks import layers as cache_layers
 
 
 class TrimRollback(RollbackBase):
@@ -20,6 +23,7 @@ class TrimRollback(RollbackBase):
         self.dropped = 0
 
     def check(self, cache: list, role: str) -> None:
+        cache_layers.refuse_rotating([leaf for entry in cache for leaf in cache_layers.parts(entry)], role, self.name)
         if not can_trim_prompt_cache(cache):
             kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
             raise SpecpipeError(
@@ -32,6 +36,6 @@ class TrimRollback(RollbackBase):
 
     def rollback(self, cache: list, n_drop: int, *, engine=None, fed_ids: list[int] | None = None) -> None:
         if n_drop > 0:
-            trimmed = trim_prompt_cache(cache, n_drop)
-            assert trimmed == n_drop, f"trimmed {trimmed} of {n_drop} positions"
+            # every part, one by one: a part that cannot give the positions back is named in one line
+            cache_layers.trim([leaf for entry in cache for leaf in cache_layers.parts(entry)], n_drop)
             self.dropped += n_drop
