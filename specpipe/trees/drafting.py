@@ -89,7 +89,10 @@ def model_candidates(drafter, context_ids: list[int], depth: int, width: int) ->
         drafter.forwards += 1
         fed += i > 0
         p = mx.softmax(logits, axis=-1)
-        top = mx.argsort(-p)[:width]  # top[0] is the argmax: the chain's token
+        # the `width` best, best first (top[0] is the argmax: the chain's token); a partition, not a sort of
+        # the whole vocabulary: 2 vs 18 ms per depth over Qwen's 152k ids on this CPU
+        part = mx.argpartition(-p, kth=width - 1)[:width] if width < p.shape[-1] else mx.arange(p.shape[-1])
+        top = part[mx.argsort(-p[part])]
         tops.append(top)
         probs.append(p[top])
         y = top[:1].astype(mx.uint32)
