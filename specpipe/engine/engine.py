@@ -84,7 +84,8 @@ class Engine:
     def make_cache(self) -> list:
         """A fresh per-layer cache (KV for attention, state for recurrent layers), as `kv` chooses.
 
-        Sliding-window layers get kv.py's WindowKVCache, which rolls back exactly past the window.
+        Sliding-window and chunked-attention layers get kv.py's WindowKVCache / ExactChunkedKVCache,
+        which roll back exactly past the window or chunk.
         """
         return self.kv.make_cache(self.model) if self.kv is not None else model_cache(self.model)
 

@@ -11,7 +11,9 @@ speculation on a `kv` choice equals plain decoding on the same choice.
 layers (mlx-lm's `RotatingKVCache(keep=0)`, e.g. gemma3's) swapped for a
 `WindowKVCache` of the same window: the same attention, but rollbacks past
 the wrap stay exact. A rotating layer with attention sinks (keep > 0) is
-kept, and rollbacks/layers.py refuses it before a run.
+kept, and rollbacks/layers.py refuses it before a run. Chunked-attention
+layers (mlx-lm's `ChunkedKVCache`, llama4's) become `ExactChunkedKVCache`,
+which keeps a rollback margin before the current chunk (see its docstring).
 
 - `full`: mlx-lm's KVCache, every position in the model's precision.
 - `quantized`: mlx-lm's QuantizedKVCache (`bits` 4 / 8, `group_size`):
@@ -33,7 +35,14 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import base as mlx_base
-from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    CacheList,
+    ChunkedKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from specpipe.errors import SpecpipeError
 
@@ -105,21 +114,26 @@ class WindowKV:
 
 
 def model_cache(model) -> list:
-    """The model's own prompt cache, each sliding-window layer as a WindowKVCache of its window.
+    """The model's own prompt cache, each layer that drops old positions as an exact twin.
 
     mlx-lm's RotatingKVCache cannot give positions back once it has wrapped,
     so a rollback past the window would keep rejected drafts (or fail);
-    WindowKVCache attends the same way and truncates exactly.
+    WindowKVCache attends the same way and truncates exactly. ChunkedKVCache
+    keeps only the last chunk_size positions of the forward before, so a
+    rollback over several forwards (a draft model's chain) would lose the
+    start of the current chunk; ExactChunkedKVCache keeps a margin.
     """
-    return [_exact_window(c) for c in make_prompt_cache(model)]
+    return [_exact(c) for c in make_prompt_cache(model)]
 
 
-def _exact_window(layer):
-    """`layer`, or a WindowKVCache in place of a RotatingKVCache(keep=0) (also inside a CacheList)."""
+def _exact(layer):
+    """`layer`, or an exact twin of a RotatingKVCache(keep=0) / ChunkedKVCache (also inside a CacheList)."""
     if isinstance(layer, CacheList):
-        return CacheList(*(_exact_window(c) for c in layer.caches))
+        return CacheList(*(_exact(c) for c in layer.caches))
     if type(layer) is RotatingKVCache and layer.keep == 0:
         return WindowKVCache(layer.max_size)
+    if type(layer) is ChunkedKVCache:
+        return ExactChunkedKVCache(layer.chunk_size)
     return layer
 
 
@@ -226,6 +240,65 @@ class WindowKVCache(KVCache):
 
     def to_quantized(self, group_size: int = 64, bits: int = 4):
         raise NotImplementedError("kv=window does not combine with quantization")
+
+
+# ---------------------------------------------------------------- the chunked-attention cache
+
+
+class ExactChunkedKVCache(ChunkedKVCache):
+    """mlx-lm's ChunkedKVCache (llama4's chunked layers) that gives back up to `margin` positions exactly.
+
+    A query at position p attends to its own chunk only, [p // C * C, p] for
+    chunk size C. mlx-lm's cache keeps, before each forward, the last C
+    positions (from offset - C), and the model masks with `start_position`.
+    That is enough to roll back the forward just fed, not several: after a
+    draft model's one-token forwards at offsets 62..69 (C = 32) it starts at
+    37, and a rollback to 63 would leave position 63's query without 32..36.
+    This cache drops in whole chunks, and only those before the chunk of
+    `offset - margin`: it always starts on a chunk's first position, so it can
+    give back every position it holds, and it holds at least `margin`
+    (worked example: offset 300, C 32, margin 256 -> it keeps 32..299; a
+    rollback to 44 still sees 32..43).
+    """
+
+    def __init__(self, chunk_size: int, margin: int = MARGIN):
+        super().__init__(chunk_size)
+        # ChunkedKVCache's own fields, restated so mypy knows their types (mlx-lm is untyped here)
+        self.offset: int = 0
+        self.start_position: int = 0
+        self.chunk_size: int = chunk_size
+        self.keys: Any = None
+        self.values: Any = None
+        self.margin = margin
+
+    def maybe_trim_front(self):
+        """Drop the chunks no query can reach, even after a rollback of `margin` (the model calls this
+        before each forward, then masks from `start_position`)."""
+        if self.keys is None:
+            return
+        drop = self._chunk_start(max(0, self.offset - self.margin)) - self.start_position
+        if drop > 0:
+            held = self.offset - self.start_position
+            self.keys = self.keys[..., drop:held, :]
+            self.values = self.values[..., drop:held, :]
+            self.start_position += drop
+
+    def _chunk_start(self, position: int) -> int:
+        return position // self.chunk_size * self.chunk_size
+
+    def size(self) -> int:
+        return self.offset - self.start_position
+
+    def trim(self, n: int) -> int:
+        # the buffer starts on a chunk's first position, so the next query (at offset - n) finds its whole
+        # chunk whenever offset - n is still held
+        if n > self.offset - self.start_position:
+            raise SpecpipeError(
+                f"a rollback of {n} positions reaches past the margin of {self.margin} positions kept before the "
+                f"attention chunk; use a budget with K below {self.margin // 2 - 1}"
+            )
+        self.offset -= n
+        return n
 
 
 # ---------------------------------------------------------------- helpers

@@ -44,6 +44,22 @@ ARCH_EXTRAS: dict[str, dict] = {
     "gemma3_text": dict(query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2),
     "phi3": {},
     "olmo2": {},
+    # llama4 (text): 3 chunked-attention layers (32-position chunks), then a global NoPE one; MoE every 2nd
+    "llama4": dict(
+        text_config=dict(
+            _BASE,
+            model_type="llama4_text",
+            num_hidden_layers=4,  # the model masks its global layers with layer 3's cache
+            attention_bias=False,
+            attention_chunk_size=32,
+            interleave_moe_layer_step=2,
+            intermediate_size_mlp=128,
+            num_experts_per_tok=1,  # mlx-lm's llama4 routes to one expert only
+            num_local_experts=2,
+            rope_scaling=None,
+            use_qk_norm=True,
+        )
+    ),
     # Recurrent and hybrid families (rollback=checkpoint / recompute / auto; trim refuses them).
     "qwen3_next": dict(  # layer 0 Gated DeltaNet, layer 1 attention
         linear_num_value_heads=4,
