@@ -18,8 +18,9 @@ from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.costmodel.calibration import draft_cost
+from specpipe.drafters import draft_vocab
 from specpipe.drafters import model as model_drafter
-from specpipe.drafters.draft_vocab import DraftVocab, head_module
+from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
 from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.engine.load.loader import load_engine
@@ -48,7 +49,7 @@ def run(target, drafter, budget, prompt, max_tokens=40, tree=None, rollback=None
 def test_the_cut_head_gives_the_full_heads_logits_on_its_rows_and_minus_inf_elsewhere(tied, precision):
     engine = load_engine("tiny-random", precision=precision, arch="llama", seed=2, tiny={"tie_word_embeddings": tied})
     inner, head = engine.hidden_parts()
-    vocab = DraftVocab(head_module(engine.model, inner, "draft.vocab=40"), KEEP, always=[258])
+    vocab = DraftVocab(head_module(engine.model, inner, "draft.vocab=40"), range(KEEP), always=[258])
     vocab.reset([100, 7, 200, 100])
     hidden = inner(mx.array([[5, 100, 17]], dtype=mx.uint32))[0]
     full, cut = head(hidden), vocab.logits(hidden)
@@ -76,9 +77,9 @@ def test_a_cut_draft_head_is_lossless_and_drafts_only_kept_ids(arch, mode):
     shape = TreeShape(kind="dynamic", nodes=8, depth=4, branching=[3] * 4) if mode == "tree" else None
     got, drafted = run(target, drafter, budget, prompt, tree=shape)
     assert got == baseline, first_difference(target, prompt, baseline, got)
-    allowed = {*range(KEEP), *prompt, *baseline, *target.eos_token_ids}
     proposed = {t for e in drafted for t in e.draft_ids}
-    assert proposed and proposed <= allowed
+    assert proposed and proposed <= drafter._vocab.ids()
+    assert drafter._vocab.ids() >= set(prompt)  # the prompt's ids joined the rows (the output's join per draft)
     assert drafter._vocab is not None and drafter._vocab.rows < drafter._vocab.vocab
 
 
@@ -90,6 +91,27 @@ def test_a_recurrent_draft_with_a_cut_head_rolls_back_through_its_states():
     drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", vocab=KEEP)
     got, _ = run(target, drafter, FixedBudget(k=4), prompt, 32, rollback=CheckpointRollback())
     assert got == baseline, first_difference(target, prompt, baseline, got)
+
+
+def test_frequent_ids_rank_what_the_corpus_uses_first_and_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
+    tokenizer = tiny("llama").tokenizer
+    ranked = frequent_ids(tokenizer, 200)
+    assert len(ranked) == len(set(ranked)) == 200
+    e, space, tilde = (tokenizer.get_vocab()[c] for c in ("e", "Ġ", "~"))
+    assert ranked.index(e) < ranked.index(tilde) and ranked.index(space) < ranked.index(tilde)  # code is not ~-heavy
+    assert list(tmp_path.glob("draft_vocab/*.npy"))  # counted once per tokenizer, then read
+    monkeypatch.setattr(draft_vocab, "_corpus", lambda: pytest.fail("counted again"))
+    assert frequent_ids(tokenizer, 200) == ranked
+
+
+def test_a_context_word_keeps_its_case_and_space_variants():
+    target = tiny("llama")
+    draft = noisy_copy(target, scale=0.3)
+    drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", vocab=KEEP)
+    vocab = target.tokenizer.get_vocab()
+    drafter.prefill([vocab["q"]])
+    assert vocab["Q"] in drafter._vocab.ids()
 
 
 def test_the_cut_head_lowers_the_draft_cost_auto_starts_from():

@@ -30,13 +30,13 @@ from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
-from specpipe.drafters.draft_vocab import DraftVocab, head_module
+from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
 
-# The rows a draft head scores by default: the 32k most frequent ids cover nearly every token code and
-# English text use; Qwen's 152k-row head shrinks to a fifth (drafters/draft_vocab.py).
+# The rows a draft head scores by default: the 32k ids most used in code and English text (with the context's,
+# added as they appear); Qwen's 152k-row head shrinks to a fifth (drafters/draft_vocab.py).
 DEFAULT_VOCAB = 32768
 
 
@@ -123,7 +123,8 @@ class ModelDrafter(DrafterBase):
         head = head_module(self.engine.model, inner, setting)
         if vocab >= head.weight.shape[0]:
             return None
-        return DraftVocab(head, vocab, always=target.eos_token_ids)
+        tokenizer = self.engine.tokenizer
+        return DraftVocab(head, frequent_ids(tokenizer, vocab), always=target.eos_token_ids, tokenizer=tokenizer)
 
     def draft_logits(self, ids: mx.array, capture: Capture | None) -> mx.array:
         """[1, vocab] float32 logits after feeding `ids` [n] into the draft cache: the last position's."""
