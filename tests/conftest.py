@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
 
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
@@ -29,6 +30,9 @@ from specpipe.drafters.none import NoneDrafter
 from specpipe.engine.engine import Engine
 from specpipe.engine.load.loader import load_engine
 from specpipe.events import RunFinished
+from specpipe.rollbacks.auto import AutoRollback
+from specpipe.rollbacks.checkpoint import CheckpointRollback
+from specpipe.rollbacks.recompute import RecomputeRollback
 from specpipe.rollbacks.trim import TrimRollback
 
 CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "specpipe", "conf")
@@ -105,9 +109,24 @@ def pair_with_baseline(arch: str, max_tokens: int):
     return target, draft, prompt, baseline
 
 
-def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens: int, stop_ids=None):
-    """Run the pipeline; return (token ids, RunFinished, all events, pipeline)."""
-    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), TrimRollback(), GreedyBonus())
+# every rollback strategy by its config name
+ROLLBACKS = {
+    "auto": AutoRollback,
+    "checkpoint": CheckpointRollback,
+    "recompute": RecomputeRollback,
+    "trim": TrimRollback,
+}
+
+
+def mlx_lm_greedy(target: Engine, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own plain greedy decoding of `prompt_ids`: what a lossless run must equal."""
+    return [int(token) for token, _ in generate_step(mx.array(prompt_ids), target.model, max_tokens=max_tokens)]
+
+
+def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens: int, stop_ids=None, rollback=None):
+    """Run the pipeline (rollback=trim unless given); return (token ids, RunFinished, all events, pipeline)."""
+    rollback = TrimRollback() if rollback is None else rollback
+    pipe = SpeculativePipeline(target, drafter, FixedBudget(k=k), GreedyComparator(), rollback, GreedyBonus())
     events = list(pipe.run(prompt_ids, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))
     final = events[-1]
     assert isinstance(final, RunFinished)

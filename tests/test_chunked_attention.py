@@ -22,31 +22,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import first_difference, make_drafter, noisy_copy, tiny
-from mlx_lm.generate import generate_step
+from conftest import ROLLBACKS, first_difference, generate, make_drafter, mlx_lm_greedy, noisy_copy, tiny
 from mlx_lm.models.cache import ChunkedKVCache, KVCache
 
-from specpipe.budgets.fixed import FixedBudget
-from specpipe.core.pipeline import SpeculativePipeline
-from specpipe.core.stages.bonus import GreedyBonus
-from specpipe.core.stages.compare import GreedyComparator
 from specpipe.engine.kv import ExactChunkedKVCache, model_cache
 from specpipe.errors import SpecpipeError
-from specpipe.events import Drafted, RolledBack, RunFinished, Verified
-from specpipe.rollbacks.auto import AutoRollback
-from specpipe.rollbacks.checkpoint import CheckpointRollback
-from specpipe.rollbacks.recompute import RecomputeRollback
-from specpipe.rollbacks.trim import TrimRollback
+from specpipe.events import Drafted, RolledBack, Verified
 
 PROMPT = "the cat sat on the mat; the cat sat on the hat; the dog"  # 55 tokens on the tiny tokenizer
 MAX_TOKENS = 80
 MARGIN = 16  # positions kept before the current chunk in the golden runs: more than K = 8 gives back
-STRATEGIES = {
-    "auto": AutoRollback,
-    "checkpoint": CheckpointRollback,
-    "recompute": RecomputeRollback,
-    "trim": TrimRollback,
-}
 
 
 @pytest.fixture(scope="module")
@@ -55,20 +40,14 @@ def setup():
     target = tiny("llama4")
     draft = noisy_copy(target, scale=0.3)
     prompt = target.encode_prompt(PROMPT, chat=False)
-    steps = generate_step(mx.array(prompt), target.model, max_tokens=MAX_TOKENS)
-    reference = [int(token) for token, _ in steps]
+    reference = mlx_lm_greedy(target, prompt, MAX_TOKENS)
     chunk = target.model.args.text_config.attention_chunk_size
     assert len(prompt) + MAX_TOKENS > 4 * chunk, "the run must cross several chunk boundaries"
     return target, draft, prompt, reference, chunk
 
 
 def run(target, drafter, k: int, strategy: str, prompt: list[int]) -> list:
-    pipe = SpeculativePipeline(
-        target, drafter, FixedBudget(k=k), GreedyComparator(), STRATEGIES[strategy](), GreedyBonus()
-    )
-    events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
-    assert isinstance(events[-1], RunFinished)
-    return events
+    return generate(target, drafter, k, prompt, MAX_TOKENS, rollback=ROLLBACKS[strategy]())[2]
 
 
 def with_margin(monkeypatch, engine, margin: int, made: list) -> None:
@@ -131,7 +110,7 @@ def test_draft_none_equals_mlx_lm(setup):
     assert final.token_ids == reference, first_difference(target, prompt, reference, final.token_ids)
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("strategy", list(ROLLBACKS))
 @pytest.mark.parametrize("k", [4, 8])
 @pytest.mark.parametrize("kind", ["ngram", "model"])
 def test_greedy_equals_mlx_lm_past_chunk_boundaries(setup, monkeypatch, kind, k, strategy):

@@ -11,10 +11,8 @@ cannot be swapped (keep > 0) is refused in one line before anything runs.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
-from conftest import first_difference, make_drafter, noisy_copy, tiny
-from mlx_lm.generate import generate_step
+from conftest import ROLLBACKS, first_difference, generate, make_drafter, mlx_lm_greedy, noisy_copy, tiny
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from specpipe.budgets.fixed import FixedBudget
@@ -23,20 +21,10 @@ from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.engine.kv import WindowKVCache
 from specpipe.errors import SpecpipeError
-from specpipe.events import RolledBack, RunFinished, Verified
-from specpipe.rollbacks.auto import AutoRollback
-from specpipe.rollbacks.checkpoint import CheckpointRollback
-from specpipe.rollbacks.recompute import RecomputeRollback
-from specpipe.rollbacks.trim import TrimRollback
+from specpipe.events import RolledBack, Verified
 
 PROMPT = "the cat sat on the mat; the cat sat on the hat; the dog"  # 55 tokens on the tiny tokenizer
 MAX_TOKENS = 60
-STRATEGIES = {
-    "auto": AutoRollback,
-    "checkpoint": CheckpointRollback,
-    "recompute": RecomputeRollback,
-    "trim": TrimRollback,
-}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +33,7 @@ def setup():
     target = tiny("gemma3_text")
     draft = noisy_copy(target, scale=0.3)
     prompt = target.encode_prompt(PROMPT, chat=False)
-    steps = generate_step(mx.array(prompt), target.model, max_tokens=MAX_TOKENS)
-    reference = [int(token) for token, _ in steps]
+    reference = mlx_lm_greedy(target, prompt, MAX_TOKENS)
     window = target.model.args.sliding_window
     assert len(prompt) < window < len(prompt) + MAX_TOKENS - 30, "the run must pass the window by a wide margin"
     return target, draft, prompt, reference, window
@@ -64,23 +51,15 @@ def drops_past_window(events: list, prompt_len: int, window: int) -> int:
     return dropped
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("strategy", list(ROLLBACKS))
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("kind", ["ngram", "model", "self"])
 def test_greedy_equals_mlx_lm_past_the_window(setup, kind, k, strategy):
     target, draft, prompt, reference, window = setup
-    pipe = SpeculativePipeline(
-        target,
-        make_drafter(kind, target, draft),
-        FixedBudget(k=k),
-        GreedyComparator(),
-        STRATEGIES[strategy](),
-        GreedyBonus(),
+    got, _, events, _ = generate(
+        target, make_drafter(kind, target, draft), k, prompt, MAX_TOKENS, rollback=ROLLBACKS[strategy]()
     )
-    events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
-    final = events[-1]
-    assert isinstance(final, RunFinished)
-    assert final.token_ids == reference, first_difference(target, prompt, reference, final.token_ids)
+    assert got == reference, first_difference(target, prompt, reference, got)
     if kind != "self":  # self-draft accepts everything: nothing to give back
         assert drops_past_window(events, len(prompt), window) > 0, "no rollback happened past the window"
 
@@ -103,7 +82,7 @@ def test_rotating_layers_with_sinks_are_refused_in_one_line(setup, monkeypatch):
     target, _, _, _, _ = setup
     layers = len(target.model.layers)
     monkeypatch.setattr(type(target.model), "make_cache", lambda self: [RotatingKVCache(64, keep=4)] * layers)
-    for strategy in STRATEGIES.values():
+    for strategy in ROLLBACKS.values():
         with pytest.raises(SpecpipeError) as err:
             SpeculativePipeline(
                 target, make_drafter("ngram", target), FixedBudget(k=4), GreedyComparator(), strategy(), GreedyBonus()
