@@ -123,6 +123,16 @@ def mlx_lm_greedy(target: Engine, prompt_ids: list[int], max_tokens: int) -> lis
     return [int(token) for token, _ in generate_step(mx.array(prompt_ids), target.model, max_tokens=max_tokens)]
 
 
+LONG_PROMPT = "the cat sat on the mat; the cat sat on the hat; the dog"  # 55 ids on the tiny tokenizer
+
+
+def with_mlx_reference(arch: str, max_tokens: int):
+    """A tiny target of `arch`, a noisy copy to draft with, LONG_PROMPT's ids and mlx-lm's greedy tokens."""
+    target = tiny(arch)
+    prompt = target.encode_prompt(LONG_PROMPT, chat=False)
+    return target, noisy_copy(target, scale=0.3), prompt, mlx_lm_greedy(target, prompt, max_tokens)
+
+
 def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens: int, stop_ids=None, rollback=None):
     """Run the pipeline (rollback=trim unless given); return (token ids, RunFinished, all events, pipeline)."""
     rollback = TrimRollback() if rollback is None else rollback

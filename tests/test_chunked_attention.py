@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import ROLLBACKS, first_difference, generate, make_drafter, mlx_lm_greedy, noisy_copy, tiny
+from conftest import ROLLBACKS, first_difference, generate, make_drafter, with_mlx_reference
 from mlx_lm.models.cache import ChunkedKVCache, KVCache
 
 from specpipe.engine.kv import ExactChunkedKVCache, model_cache
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RolledBack, Verified
 
-PROMPT = "the cat sat on the mat; the cat sat on the hat; the dog"  # 55 tokens on the tiny tokenizer
 MAX_TOKENS = 80
 MARGIN = 16  # positions kept before the current chunk in the golden runs: more than K = 8 gives back
 
@@ -37,10 +36,7 @@ MARGIN = 16  # positions kept before the current chunk in the golden runs: more 
 @pytest.fixture(scope="module")
 def setup():
     """The target, a noisy copy to draft with, the prompt and mlx-lm's plain greedy tokens for it."""
-    target = tiny("llama4")
-    draft = noisy_copy(target, scale=0.3)
-    prompt = target.encode_prompt(PROMPT, chat=False)
-    reference = mlx_lm_greedy(target, prompt, MAX_TOKENS)
+    target, draft, prompt, reference = with_mlx_reference("llama4", MAX_TOKENS)
     chunk = target.model.args.text_config.attention_chunk_size
     assert len(prompt) + MAX_TOKENS > 4 * chunk, "the run must cross several chunk boundaries"
     return target, draft, prompt, reference, chunk

@@ -12,7 +12,7 @@ cannot be swapped (keep > 0) is refused in one line before anything runs.
 from __future__ import annotations
 
 import pytest
-from conftest import ROLLBACKS, first_difference, generate, make_drafter, mlx_lm_greedy, noisy_copy, tiny
+from conftest import ROLLBACKS, first_difference, generate, make_drafter, with_mlx_reference
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from specpipe.budgets.fixed import FixedBudget
@@ -23,17 +23,13 @@ from specpipe.engine.kv import WindowKVCache
 from specpipe.errors import SpecpipeError
 from specpipe.events import RolledBack, Verified
 
-PROMPT = "the cat sat on the mat; the cat sat on the hat; the dog"  # 55 tokens on the tiny tokenizer
 MAX_TOKENS = 60
 
 
 @pytest.fixture(scope="module")
 def setup():
     """The target, a noisy copy to draft with, the prompt and mlx-lm's plain greedy tokens for it."""
-    target = tiny("gemma3_text")
-    draft = noisy_copy(target, scale=0.3)
-    prompt = target.encode_prompt(PROMPT, chat=False)
-    reference = mlx_lm_greedy(target, prompt, MAX_TOKENS)
+    target, draft, prompt, reference = with_mlx_reference("gemma3_text", MAX_TOKENS)
     window = target.model.args.sliding_window
     assert len(prompt) < window < len(prompt) + MAX_TOKENS - 30, "the run must pass the window by a wide margin"
     return target, draft, prompt, reference, window
