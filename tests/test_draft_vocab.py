@@ -128,8 +128,9 @@ def test_by_default_the_head_is_cut_where_it_can_be_and_kept_whole_elsewhere(mon
     monkeypatch.setattr(model_drafter, "DEFAULT_VOCAB", KEEP)
     target = tiny("llama")
     assert ModelDrafter(target=target, load=lambda **_: noisy_copy(target, 0.3), model="other")._vocab is not None
+    assert ModelDrafter(target=target, load=None, model="self")._vocab is None  # a self-test keeps its head
     mamba = tiny("mamba2")
-    assert ModelDrafter(target=mamba, load=None, model="self")._vocab is None  # no llama-like head: whole
+    assert ModelDrafter(target=mamba, load=lambda **_: tiny("mamba2", seed=1), model="other")._vocab is None
 
 
 def test_asking_for_a_cut_the_draft_cannot_take_is_refused_in_one_line():

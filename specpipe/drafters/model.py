@@ -104,6 +104,8 @@ class ModelDrafter(DrafterBase):
     def _draft_vocab(self, vocab: int | None, target) -> DraftVocab | None:
         """The restricted head for draft.vocab (None: every row is scored)."""
         if vocab is None:  # the default: cut the head where it can be cut, quietly keep it elsewhere
+            if self.engine is target:
+                return None  # draft.model=self is a self-test (acceptance 1.0): the target's own head, whole
             try:
                 return self._draft_vocab(DEFAULT_VOCAB, target)
             except SpecpipeError:
