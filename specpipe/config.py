@@ -64,7 +64,7 @@ class ModelDraftConfig(PluginConfig):
     path: str | None = MISSING
     quant: str | None = MISSING  # None: same precision as the target
     lookup_min_n: int = MISSING  # prompt lookup first where this many context tokens match (0: model only)
-    vocab: int | None = MISSING  # draft head rows: the `vocab` lowest ids + the context's; 0: all; null: 32768
+    vocab: int | None = MISSING  # draft head rows: the `vocab` most used ids + the context's; 0: all; null: 32768
 
 
 @dataclass

@@ -143,7 +143,9 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_models, dr
         drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler)
     elif drafter_kind == "model+lookup":  # point-mass lookup drafts where [1, 2] repeats, the model's q elsewhere
         drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler, lookup_min_n=2)
-    elif drafter_kind == "model+vocab":  # a cut draft head: q is 0 on ids 4..7 until the target emits them
+    elif (
+        drafter_kind == "model+vocab"
+    ):  # a cut draft head: the kept ids are the prompt's (1, 2, 3) and what the target emits; q is 0 elsewhere
         drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler, vocab=3)
     else:
         drafter = NgramDrafter(min_n=1, max_n=2)

@@ -487,9 +487,11 @@ class AutoBudget(BudgetBase):
 
 
 def _pair_key(target, drafter: Drafter) -> tuple:
-    """Which learned rates apply: the target and the drafter (with its model, if any) by name."""
+    """Which learned rates apply: the target and the drafter (with its model, if any) by name, and how many
+    rows the draft's LM head scores (a cut head, draft.vocab, makes the same model a cheaper drafter)."""
     engine = drafter.engine
-    return (target.info.name, target.info.precision, drafter.name, engine.info.name if engine is not None else "")
+    name = engine.info.name if engine is not None else ""
+    return (target.info.name, target.info.precision, drafter.name, name, drafter.head_rows)
 
 
 def _monotone(curve: dict[int, float]) -> dict[int, float]:

@@ -43,6 +43,8 @@ class Drafter(Protocol):
     @property
     def cost_per_token(self) -> float | None: ...
     @property
+    def head_rows(self) -> int | None: ...  # rows its LM head scores whatever the context (None: every row)
+    @property
     def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
     @property
     def needs_hidden(self) -> bool: ...  # True: the pipeline calls observe_hidden with the target's hidden states
@@ -93,6 +95,8 @@ class DrafterBase:
     cached_len: int = 0
     forwards: int = 0
     cost_per_token: float | None = None
+    bytes_share: float = 1.0  # of its engine's weight bytes a drafted token reads (< 1: a cut draft head)
+    head_rows: int | None = None  # the rows its LM head scores whatever the context (None: every row)
     supports_hindsight: bool = False
     needs_hidden: bool = False
     last_evidence: int | None = None

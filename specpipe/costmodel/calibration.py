@@ -124,7 +124,8 @@ def draft_cost(drafter, target, quick: bool = True) -> float:
 
     A drafter that runs part of the target (an MTP head, a layer subset) says
     so with `cost_per_token`: decoding one token is bound by the weight bytes
-    it reads, so its share of the target's bytes is its share of a step.
+    it reads, so its share of the target's bytes is its share of a step. A
+    draft model's timed forward is scaled by its `bytes_share` (a cut head).
     """
     hint = drafter.cost_per_token
     if hint is not None:
@@ -134,6 +135,5 @@ def draft_cost(drafter, target, quick: bool = True) -> float:
         return 0.0
     if engine is target:
         return 1.0  # draft.model=self: a full target forward per drafted token
-    # a restricted draft head (draft.vocab) reads fewer bytes than the full forward timed here
-    share = getattr(drafter, "bytes_share", 1.0)
-    return share * verify_cost_curve(engine, quick)["t1_s"] / verify_cost_curve(target, quick)["t1_s"]
+    # a cut draft head (draft.vocab) reads fewer bytes than the full forward timed here
+    return drafter.bytes_share * verify_cost_curve(engine, quick)["t1_s"] / verify_cost_curve(target, quick)["t1_s"]

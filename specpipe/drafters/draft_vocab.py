@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import sysconfig
 from collections.abc import Iterable
@@ -86,6 +87,11 @@ class DraftVocab:
         return self._base_set | self._known
 
     @property
+    def base_rows(self) -> int:
+        """How many rows are kept whatever the context (the frequent ids and the end ids)."""
+        return len(self._base_set)
+
+    @property
     def rows(self) -> int:
         """How many head rows a draft token reads."""
         return len(self._base_set) + len(self._extra)
@@ -101,10 +107,11 @@ class DraftVocab:
         full = mx.full((hidden.shape[0], self.vocab), -mx.inf, dtype=base.dtype)
         full[:, self._base_ids] = base
         if self._extra:
-            if self._extra_rows is None:
-                self._extra_rows = self._slice(mx.array(self._extra, dtype=mx.uint32))
-                mx.eval(self._extra_rows)  # gathered once per new id, not once per drafted token
-            full[:, mx.array(self._extra, dtype=mx.uint32)] = self._matmul(hidden, self._extra_rows)
+            if self._extra_rows is None:  # gathered when ids joined, not once per drafted token
+                self._extra_index = mx.array(self._extra, dtype=mx.uint32)
+                self._extra_rows = self._slice(self._extra_index)
+                mx.eval(self._extra_index, self._extra_rows)
+            full[:, self._extra_index] = self._matmul(hidden, self._extra_rows)
         return full.astype(mx.float32)
 
     def _slice(self, rows) -> tuple:
@@ -198,11 +205,11 @@ def _counts(tokenizer) -> np.ndarray:
     vocab = tokenizer.get_vocab()
     size = max(vocab.values()) + 1
     digest = hashlib.sha256(json.dumps(sorted(vocab.items())).encode())
-    digest.update(f"{sys.version_info[:2]} {CORPUS_CHARS}".encode())
+    digest.update(f"{sys.version_info[:2]} {CORPUS_CHARS} {MARKDOWN}".encode())
     path = cache_dir() / "draft_vocab" / f"{digest.hexdigest()[:16]}.npy"
     try:
         return np.load(path)
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001  (missing, torn or foreign: any unreadable cache is counted again)
         pass
     counts = np.zeros(size, dtype=np.int64)
     for text in [MARKDOWN, *_corpus()]:
@@ -210,7 +217,7 @@ def _counts(tokenizer) -> np.ndarray:
         np.add.at(counts, ids[(ids >= 0) & (ids < size)], 1)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npy")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")  # two processes counting at once never share one
         np.save(tmp, counts)
         tmp.replace(path)
     except OSError:

@@ -68,7 +68,7 @@ class ModelDrafter(DrafterBase):
             sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor: stop drafting below this top probability (0: never).
             lookup_min_n: draft by prompt lookup where at least this many context tokens match (0: never).
-            vocab: the draft's LM head scores only the `vocab` lowest ids plus the context's and the end
+            vocab: the draft's LM head scores only the `vocab` most used ids plus the context's and the end
                 ids (drafters/draft_vocab.py); 0: the whole vocabulary; None: DEFAULT_VOCAB where the
                 draft's head can be cut, else the whole vocabulary.
         """
@@ -206,7 +206,12 @@ class ModelDrafter(DrafterBase):
             self._vocab_seen = len(context_ids)
 
     @property
-    def bytes_share(self) -> float:
+    def head_rows(self) -> int | None:  # type: ignore[override]  # DrafterBase's plain None, computed here
+        """The rows the draft head scores whatever the context (None: every row)."""
+        return self._vocab.base_rows if self._vocab is not None else None
+
+    @property
+    def bytes_share(self) -> float:  # type: ignore[override]  # DrafterBase's plain 1.0, computed here
         """The share of a full forward's weight bytes a drafted token reads (< 1 with draft.vocab)."""
         return self._vocab.bytes_share(weight_bytes(self.engine.model)) if self._vocab is not None else 1.0
 

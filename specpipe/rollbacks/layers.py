@@ -52,8 +52,8 @@ def split(cache: list) -> Layers:
                 # trimmable on a fresh cache, not once wrapped: sorted as what it becomes,
                 # so `check` refuses it and no rollback passes over it
                 layers.other.append(leaf)
-            elif leaf.is_trimmable() or callable(getattr(leaf, "trim", None)):
-                layers.attention.append(leaf)  # `trim` below refuses one that cannot truncate just now
+            elif leaf.is_trimmable():
+                layers.attention.append(leaf)
             else:
                 layers.other.append(leaf)
     return layers
