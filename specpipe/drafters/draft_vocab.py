@@ -117,7 +117,8 @@ class DraftVocab:
     def _slice(self, rows) -> tuple:
         head = self._head
         if isinstance(head, nn.QuantizedLinear | nn.QuantizedEmbedding):
-            return head.weight[rows], head.scales[rows], head.biases[rows] if head.biases is not None else None
+            biases = getattr(head, "biases", None)  # quantization modes without biases (mxfp4) have none
+            return head.weight[rows], head.scales[rows], biases[rows] if biases is not None else None
         return (head.weight[rows],)
 
     def _matmul(self, hidden: mx.array, part: tuple) -> mx.array:
