@@ -4,9 +4,11 @@ Golden: on the tiny gemma3_text target (window 64), greedy speculative
 output equals mlx-lm's own plain `generate_step`, token for token, for the
 n-gram, noisy-copy and self drafters, K = 1 / 4 / 8 and every rollback
 strategy, with rollbacks well after the window has wrapped (55-token prompt,
-60 tokens out). The engine gives such layers specpipe's WindowKVCache of the
-same window (engine/kv.py), which truncates exactly; a rotating layer that
-cannot be swapped (keep > 0) is refused in one line before anything runs.
+60 tokens out), and for static and dynamic token trees, whose nodes see
+only their own window. The engine gives such layers specpipe's
+WindowKVCache of the same window (engine/kv.py), which truncates exactly; a
+rotating layer that cannot be swapped (keep > 0) is refused in one line
+before anything runs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.engine.kv import WindowKVCache
 from specpipe.errors import SpecpipeError
-from specpipe.events import RolledBack, Verified
+from specpipe.events import Drafted, RolledBack, Verified
+from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.shape import TreeShape
+from specpipe.trees.step import TreeStep
 
 MAX_TOKENS = 60
 
@@ -58,6 +63,32 @@ def test_greedy_equals_mlx_lm_past_the_window(setup, kind, k, strategy):
     assert got == reference, first_difference(target, prompt, reference, got)
     if kind != "self":  # self-draft accepts everything: nothing to give back
         assert drops_past_window(events, len(prompt), window) > 0, "no rollback happened past the window"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [TreeShape(kind="static", branching=[3, 2, 1, 1]), TreeShape(kind="dynamic", nodes=12, depth=6, branching=[3] * 6)],
+    ids=["static", "dynamic"],
+)
+@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+def test_tree_greedy_equals_mlx_lm_past_the_window(setup, kind, shape):
+    target, draft, prompt, reference, window = setup
+    drafter, rollback = make_drafter(kind, target, draft), TrimRollback()
+    step = TreeStep(target, drafter, shape, rollback)
+    pipe = SpeculativePipeline(
+        target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step
+    )
+    events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
+    got = events[-1].token_ids
+    assert got == reference, first_difference(target, prompt, reference, got)
+    # trees with siblings were verified after the context passed the window
+    cached, branched_past_window = len(prompt) - 1, 0
+    for event in events:
+        if isinstance(event, Drafted):
+            branched_past_window += cached > window and len(set(event.tree_parents)) < len(event.tree_parents)
+        elif isinstance(event, Verified):
+            cached += len(event.accepted_ids) + 1
+    assert branched_past_window > 0
 
 
 def test_sliding_layers_get_an_exact_window_cache(setup):

@@ -13,11 +13,12 @@ from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.engine.kv import WindowKVCache
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, Verified
 from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.drafting import ngram_candidates
-from specpipe.trees.forward import keep_path, tree_forward
+from specpipe.trees.forward import keep_path, tree_forward, tree_mask
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.step import TreeStep
 from specpipe.trees.tree import TokenTree, select_dynamic, select_static
@@ -91,12 +92,24 @@ def test_ngram_trie_puts_the_chain_first():
 # ---------------------------------------------------------------- tree forward
 
 
-@pytest.mark.parametrize("arch", ARCHS + ["mistral"])
-def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch):
+def small_margins(cache: list, margin: int = 4) -> list:
+    """Window caches that drop their oldest positions after window + 2 * margin (a 256 margin hides that)."""
+    for c in cache:
+        if isinstance(c, WindowKVCache):
+            c.margin = margin
+    return cache
+
+
+# gemma3_text: sliding-window layers (window 64) beside global ones; a 100-token context passes the window,
+# and with a small margin its window caches have dropped their oldest positions before the tree's forward
+@pytest.mark.parametrize(
+    "arch, context", [(a, 27) for a in ARCHS + ["mistral", "gemma3_text"]] + [("gemma3_text", 100)]
+)
+def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch, context):
     e = tiny(arch)
-    prompt = list(range(3, 30))
+    prompt = [3 + i % 40 for i in range(context)]
     t = sample_tree()
-    cache = e.make_cache()
+    cache = small_margins(e.make_cache())
     e.prefill(prompt[:-1], cache)
     logits = tree_forward(e.model, cache, prompt[-1], t)
     for node in range(len(t)):
@@ -104,6 +117,8 @@ def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(ar
         e.prefill(prompt[:-1], ref_cache)
         ref = e.forward([prompt[-1]] + [t.tokens[i] for i in t.path_to(node)], ref_cache).logits[-1]
         assert mx.allclose(logits[node + 1], ref, atol=1e-4), (arch, node)
+    if context > 64:
+        assert any(getattr(c, "start", 0) > 0 for c in cache), "the window caches dropped nothing"
     keep_path(cache, len(prompt) - 1, [0] + [i + 1 for i in t.path_to(4)])
     nxt = e.forward([3], cache).logits[-1]
     ref_cache = e.make_cache()
@@ -111,6 +126,21 @@ def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(ar
     assert mx.allclose(nxt, ref, atol=1e-4)
     # the rope children were put back: a plain forward is untouched
     assert all(type(layer.self_attn.rope).__name__ != "_TreeRope" for layer in e.model.layers)
+
+
+def test_tree_mask_windows_context_and_tree():
+    """offset 10, held from 6, window 4: root (10) sees 7..9; a depth-2 node (12) sees 9, root, parent."""
+    t = TokenTree()
+    a = t.add(5, -1)
+    t.add(7, a)
+    depths = mx.array([0, *t.depths()])
+    m = tree_mask(10, 6, depths, mx.array(t.ancestor_mask()), 4)
+    assert m.tolist() == [
+        [False, True, True, True, True, False, False],
+        [False, False, True, True, True, True, False],
+        [False, False, False, True, True, True, True],
+    ]
+    assert tree_mask(10, 6, depths, mx.array(t.ancestor_mask()), None)[:, :4].all().item()
 
 
 # ---------------------------------------------------------------- lossless generation
@@ -173,8 +203,8 @@ def test_tree_max_tokens(setup, max_tokens):
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3_next", "gemma3_text", "phi3"]
-)  # hybrid recurrent; sliding window; untested family
+    "arch", ["qwen3_next", "llama4", "phi3"]
+)  # hybrid recurrent; chunked attention; untested family
 def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
     from specpipe.engine.load.loader import load_engine
 

@@ -5,14 +5,18 @@ after the cache's context and returns [n + 1, vocab] float32 logits, row 0
 for the root, row i + 1 for node i. Each node attends to the context, the
 root and its own ancestors only, and is rotated at position
 `offset + depth`, so its logits equal those of a plain forward along its
-own path. The cache then holds all n + 1 positions; `keep_path` compacts it.
+own path; in a sliding-window layer (gemma3's, or kv=window) a node also
+sees only the positions within the window of its own position, as it
+would in that plain forward. The cache then holds all n + 1 positions;
+`keep_path` compacts it.
 
 How, without patching mlx-lm: mlx-lm attention asks `cache.make_mask(N)`
 for its mask and calls `self.rope(x, offset=cache.offset)`. For this one
 forward the cache entries are wrapped (`_TreeMaskCache` returns the
 ancestor mask) and each attention layer's `rope` child is replaced on that
 instance by `_TreeRope` (rotates each token at its own position), then put
-back. Only plain KVCache layers are supported (`tree_refusal`).
+back. Only plain KVCache layers and the engine's WindowKVCache are
+supported (`tree_refusal`).
 """
 
 from __future__ import annotations
@@ -24,22 +28,25 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from specpipe.engine.kv import WindowKVCache
 from specpipe.trees.tree import TokenTree
 
-# Families whose attention reads positions only through `rope(x, offset=cache.offset)` and whose mask comes
-# from `cache.make_mask`: checked against plain forwards in tests/test_trees.py. Others may use the offset
-# elsewhere (attention temperature by position, sliding windows) and are refused rather than trusted.
-TREE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+# Families whose attention reads positions only through `rope(x, offset=cache.offset)` and whose masks come
+# from `cache.make_mask` (gemma3: one for its global layers, one with `window_size` for its sliding ones):
+# checked against plain forwards in tests/test_trees.py. Others may use the offset elsewhere (attention
+# temperature by position, chunked attention) and are refused rather than trusted.
+TREE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+TREE_CACHES = (KVCache, WindowKVCache)  # layer caches a tree forward can write and `keep_path` compact
 
 
 def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> str | None:
     """One line naming tree=chain when the model cannot verify a tree: a cache layer that cannot
     hold one (recurrent, rotating, quantized), an untested family, or no `rope` child to position nodes."""
-    kinds = sorted({type(c).__name__ for c in cache if type(c) is not KVCache})
+    kinds = sorted({type(c).__name__ for c in cache if type(c) not in TREE_CACHES})
     if kinds:
         return (
             f"tree verification needs attention-only KV caches, but {model_name} has {', '.join(kinds)} layers "
-            "(recurrent, sliding-window or quantized): use tree=chain with this model"
+            "(recurrent, chunked or quantized): use tree=chain with this model"
         )
     if arch not in TREE_ARCHS:
         return (
@@ -71,10 +78,10 @@ def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree) -
     if tree.parents == list(range(-1, len(tree) - 1)):
         # a single branch (an n-gram with one match, a pruned tree): the plain causal forward, no wrappers
         return model(ids, cache=cache)[0].astype(mx.float32)
-    positions = mx.array([offset] + [offset + d for d in tree.depths()], dtype=mx.int32)
+    depths = mx.array([0, *tree.depths()], dtype=mx.int32)  # root first
+    positions = offset + depths
     allowed = mx.array(tree.ancestor_mask())  # [n + 1, n + 1]
-    mask = mx.concatenate([mx.ones((len(tree) + 1, offset), dtype=mx.bool_), allowed], axis=1)
-    wrapped = [_TreeMaskCache(c, mask) for c in cache]
+    wrapped = [_TreeMaskCache(c, depths, allowed) for c in cache]
     with _ropes_at(model, positions):
         logits = model(ids, cache=wrapped)
     return logits[0].astype(mx.float32)
@@ -89,24 +96,53 @@ def keep_path(cache: list, start: int, kept_rows: list[int]) -> None:
     contiguous = kept_rows == list(range(len(kept_rows)))
     for c in cache:
         if not contiguous:
-            src = mx.array([start + r for r in kept_rows])
-            end = start + len(kept_rows)
-            c.keys[..., start:end, :] = c.keys[..., src, :]
-            c.values[..., start:end, :] = c.values[..., src, :]
+            at = start - _first_held(c)  # storage row of position `start` (a window cache has dropped its oldest)
+            src = mx.array([at + r for r in kept_rows])
+            c.keys[..., at : at + len(kept_rows), :] = c.keys[..., src, :]
+            c.values[..., at : at + len(kept_rows), :] = c.values[..., src, :]
         c.offset = start + len(kept_rows)
 
 
 # ---------------------------------------------------------------- wrappers
 
 
-class _TreeMaskCache:
-    """A KVCache seen through a tree mask: same storage, same offset, this forward's mask."""
+def _first_held(cache) -> int:
+    """The position in a layer cache's first storage row: 0, or a WindowKVCache's start."""
+    return cache.start if isinstance(cache, WindowKVCache) else 0
 
-    def __init__(self, inner: KVCache, mask: mx.array):
-        self._inner, self._mask = inner, mask
+
+def tree_mask(offset: int, first: int, depths: mx.array, allowed: mx.array, window: int | None) -> mx.array:
+    """[n + 1, offset - first + n + 1] bool: which held positions each of root + nodes attends to.
+
+    Row i is at position offset + depths[i]. Context positions first..offset-1 are all earlier; tree
+    columns follow the ancestor mask. With a window, a query sees only keys less than `window`
+    positions before its own (mlx-lm's sliding-window rule, as WindowKVCache.make_mask applies it).
+    Example: offset 10, first 6, window 4, a node at depth 2 (position 12) sees context 9 only,
+    then root (10) and its depth-1 parent (11).
+    """
+    ctx = mx.arange(first, offset)[None]
+    query = offset + depths[:, None]
+    if window is None:
+        seen_ctx = mx.ones((depths.shape[0], offset - first), dtype=mx.bool_)
+        return mx.concatenate([seen_ctx, allowed], axis=1)
+    seen_ctx = query - ctx < window
+    seen_tree = allowed & (depths[:, None] - depths[None, :] < window)
+    return mx.concatenate([seen_ctx, seen_tree], axis=1)
+
+
+class _TreeMaskCache:
+    """A layer cache seen through a tree mask: same storage, same offset, this forward's mask."""
+
+    def __init__(self, inner: KVCache, depths: mx.array, allowed: mx.array):
+        self._inner, self._depths, self._allowed = inner, depths, allowed
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        return self._mask
+        inner = self._inner
+        # the window this layer attends within: its cache's (WindowKVCache) and / or the model's request
+        windows = [w for w in (getattr(inner, "window", None), window_size) if w]
+        # a window cache drops its oldest positions in the update that follows: mask what will be held
+        first = inner._next_start() if isinstance(inner, WindowKVCache) else 0
+        return tree_mask(inner.offset, first, self._depths, self._allowed, min(windows) if windows else None)
 
     def __getattr__(self, name):  # offset, update_and_fetch, keys, state, ...
         return getattr(self._inner, name)
