@@ -10,6 +10,9 @@ then chains k-1 more steps on the head's own output. The head's KV cache is not 
 so `cache = None` and the drafter keeps it consistent itself: each propose
 first drops the chained pairs of the last step (their hidden state was the
 head's guess, not the target's) and any pair whose tokens left the context.
+`propose_tree(context, shape)` (tree != chain) chains the same greedy steps
+and keeps each depth's next best tokens as siblings; the tree step hands it
+the hidden states of the root and the accepted path (trees/step.py).
 
 Worked example (context [a, b, c, d], k=3): the tape holds h0 h1 h2 (d is
 the newest token, not yet through the target). Pairs (h0,b) (h1,c) (h2,d)
@@ -31,6 +34,9 @@ from specpipe.drafters.hidden_tape import HiddenTape
 from specpipe.drafters.mtp_head import load_head
 from specpipe.engine.engine import HIDDEN
 from specpipe.engine.introspect import lm_head_weights
+from specpipe.trees.drafting import TreeDraft, top_k_chain
+from specpipe.trees.shape import TreeShape
+from specpipe.trees.tree import TokenTree
 
 
 class MtpDrafter(DrafterBase):
@@ -102,31 +108,49 @@ class MtpDrafter(DrafterBase):
         """
         return self._draft(context_ids[:-m], m, sampled=False).token_ids if m > 0 else []
 
+    def propose_tree(self, context_ids: list[int], shape: TreeShape) -> TreeDraft:
+        """A greedy chain of `shape.max_depth` head steps with each depth's `shape.width - 1` next best
+        tokens as leaves (tree != chain; specpipe/trees/). Its first branch is what a greedy
+        `propose(context, max_depth)` drafts, for the same head forwards; the siblings are free."""
+        n = len(context_ids)
+        if shape.max_depth <= 0 or n < 2:
+            return TreeDraft(TokenTree())  # position 0 has no previous hidden state to pair with
+        tree, drafted = top_k_chain(self._head_steps(context_ids), shape.max_depth, shape.width)
+        # the head cache holds the chain's pairs, as after propose: the next propose drops them (the path's
+        # hidden states reach the tape from the tree's verify forward), so no cached_tail to roll back
+        self.cached_len = n + len(drafted) - 1
+        return TreeDraft(candidates=tree)
+
     def _draft(self, context_ids: list[int], k: int, sampled: bool, stop=None) -> Draft:
         n = len(context_ids)
         if k <= 0 or n < 2:
             return Draft(token_ids=[])  # position 0 has no previous hidden state to pair with
+        tops = self.last_tops if stop is not None else None
+        next_logits = self._head_steps(context_ids)
+        # a chain cut by a floor computed the token it dropped: its forward is counted all the same
+        drafted, q_rows = chain(next_logits, k, self.sampler if sampled else None, self.p_min, stop, tops)
+        self.cached_len = n + max(len(drafted), 1) - 1  # context + chained drafts (for the RolledBack event)
+        return to_draft(drafted, q_rows)
+
+    def _head_steps(self, context_ids: list[int]):
+        """Feed the head the context's pairs it has not seen; returns `next_logits(i, y)` -> [1, vocab]
+        for chain() / top_k_chain(): step 0 reads that feed's last output, each later step chains the
+        head's own output x with the drafted token y as the next pair. Each step counts one forward."""
+        n = len(context_ids)
         self._forget_stale(context_ids)
         hidden = self._target_hidden(context_ids, self._pairs, n - 1)  # [m, H]: h[pairs] .. h[n-2]
         tokens = mx.array(context_ids[self._pairs + 1 : n], dtype=mx.uint32)
         x = self.head(hidden[None], self.inner.embed_tokens(tokens)[None], self._head_cache)[:, -1:]
         self._seen, self._pairs = list(context_ids), n - 1
 
-        # Chain: each step feeds the head's own output as the next hidden state.
-        calls = 0
-
         def next_logits(i: int, y):
-            nonlocal x, calls
-            calls += 1
-            if i > 0:
+            nonlocal x
+            self.forwards += 1
+            if i > 0:  # chain: the head's own output stands in for the target's hidden state
                 x = self.head(x, self.inner.embed_tokens(y)[None], self._head_cache)
             return self.lm_head(x)[0].astype(mx.float32)  # [1, vocab]
 
-        tops = self.last_tops if stop is not None else None
-        drafted, q_rows = chain(next_logits, k, self.sampler if sampled else None, self.p_min, stop, tops)
-        self.forwards += max(calls, 1)  # a chain cut by a floor computed the token it dropped
-        self.cached_len = n + max(len(drafted), 1) - 1  # context + chained drafts (for the RolledBack event)
-        return to_draft(drafted, q_rows)
+        return next_logits
 
     def _forget_stale(self, context_ids: list[int]) -> None:
         """Trim the head cache to the pairs still true for this context.

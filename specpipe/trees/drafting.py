@@ -1,7 +1,8 @@
 """Drafters' tree proposals: scored candidate trees from the n-gram index
-and from a draft model's top-k, for `TreeShape.select` to cut.
+and from a draft model's or an MTP head's top-k, for `TreeShape.select` to cut.
 
-Contract: each function returns a TreeDraft whose candidate scores fall
+Contract: each `*_candidates` function (and a drafter's `propose_tree`
+over `top_k_chain`) returns a TreeDraft whose candidate scores fall
 from parent to child (shares of n-gram matches, or products of draft
 probabilities), whose first branch is what the drafter's chain `propose`
 would have said (so a tree never verifies less than the chain), and which
@@ -10,6 +11,7 @@ says which of its tokens the drafter's own cache now holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -80,15 +82,43 @@ def model_candidates(drafter, context_ids: list[int], depth: int, width: int) ->
     drafter.take_in(context_ids)
     capture = drafter.rollback_capture()  # the drafter rolls its own cache back afterwards, as after propose
     start = drafter.cached_len
-    y = mx.array(context_ids[start:], dtype=mx.uint32)
     fed = len(context_ids) - start
     catchup = fed - 1
-    tops, probs = [], []
-    for i in range(depth):
-        logits = drafter.draft_logits(y, capture)[-1]
-        drafter.forwards += 1
+
+    def next_logits(i: int, y):
+        nonlocal fed
+        # the first forward feeds what the draft cache has not seen (at least the newest token), later ones y
+        ids = mx.array(context_ids[start:], dtype=mx.uint32) if i == 0 else y
         fed += i > 0
-        p = mx.softmax(logits, axis=-1)
+        drafter.forwards += 1
+        return drafter.draft_logits(ids, capture)
+
+    tree, chain = top_k_chain(next_logits, depth, width)
+    drafter.note_fed(context_ids, start, chain[:-1], fed)
+    return TreeDraft(candidates=tree, cached_tail=chain[:-1], catchup_tokens=catchup)
+
+
+def top_k_chain(next_logits: Callable, depth: int, width: int) -> tuple[TokenTree, list[int]]:
+    """Chain `depth` greedy steps of a model drafter (draft model or MTP head), keeping each depth's
+    `width - 1` next best tokens as leaves beside the chain's token.
+
+    Worked example (width 2, depth 2): depth 0's top two are a 0.6, b 0.3; after a, depth 1's are
+    c 0.5, d 0.2 -> nodes a 0.6, b 0.3 (root's children), c 0.3, d 0.12 (a's); chain [a, c].
+
+    Args:
+        next_logits: (i, the chain's token at depth i - 1 as [1] uint32, None for i = 0) -> [1, vocab]
+            float32 logits at depth i, as drafters/chain.py asks; it feeds the drafter's cache.
+        depth: chain steps (next_logits calls).
+        width: tokens per depth (the chain's and its siblings).
+
+    Returns:
+        (tree, chain): scores are products of probabilities along the path, parents first; `chain`
+        holds the greedy tokens, the tree's first branch (what `propose(context, depth)` drafts greedily).
+    """
+    tops, probs = [], []
+    y = None
+    for i in range(depth):
+        p = mx.softmax(next_logits(i, y)[-1], axis=-1)  # [vocab]
         # the `width` best, best first (top[0] is the argmax: the chain's token); a partition, not a sort of
         # the whole vocabulary: 2 vs 18 ms per depth over Qwen's 152k ids on this CPU
         part = mx.argpartition(-p, kth=width - 1)[:width] if width < p.shape[-1] else mx.arange(p.shape[-1])
@@ -96,7 +126,7 @@ def model_candidates(drafter, context_ids: list[int], depth: int, width: int) ->
         tops.append(top)
         probs.append(p[top])
         y = top[:1].astype(mx.uint32)
-    mx.eval(tops, probs)
+    mx.eval(tops, probs)  # one host round trip for the whole chain
     tree, parent, path_p = TokenTree(), -1, 1.0
     chain = []
     for top, p in zip(tops, probs):
@@ -104,5 +134,4 @@ def model_candidates(drafter, context_ids: list[int], depth: int, width: int) ->
         path_p *= float(p[0].item())
         parent = nodes[0]
         chain.append(int(top[0].item()))
-    drafter.note_fed(context_ids, start, chain[:-1], fed)
-    return TreeDraft(candidates=tree, cached_tail=chain[:-1], catchup_tokens=catchup)
+    return tree, chain

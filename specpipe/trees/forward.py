@@ -4,11 +4,12 @@ Contract: `tree_forward(model, cache, root_id, tree)` feeds [root, *nodes]
 after the cache's context and returns [n + 1, vocab] float32 logits, row 0
 for the root, row i + 1 for node i. Each node attends to the context, the
 root and its own ancestors only, and is rotated at position
-`offset + depth`, so its logits equal those of a plain forward along its
-own path; in a sliding-window layer (gemma3's, or kv=window) a node also
-sees only the positions within the window of its own position, as it
-would in that plain forward. The cache then holds all n + 1 positions;
-`keep_path` compacts it.
+`offset + depth`, so its logits (and, with `parts`, its final hidden
+states) equal those of a plain forward along its own path; in a
+sliding-window layer (gemma3's, or kv=window) a node also sees only the
+positions within the window of its own position, as it would in that
+plain forward. The cache then holds all n + 1 positions; `keep_path`
+compacts it.
 
 How, without patching mlx-lm: mlx-lm attention asks `cache.make_mask(N)`
 for its mask and calls `self.rope(x, offset=cache.offset)`. For this one
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import overload
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from specpipe.engine.engine import ForwardResult
 from specpipe.engine.kv import WindowKVCache
 from specpipe.trees.tree import TokenTree
 
@@ -61,30 +64,49 @@ def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> s
     return None
 
 
-def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree) -> mx.array:
-    """Logits for the root and every node of `tree`.
+@overload
+def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree, *, parts: None = None) -> mx.array: ...
+@overload
+def tree_forward(
+    model: nn.Module, cache: list, root_id: int, tree: TokenTree, *, parts: tuple[nn.Module, nn.Module]
+) -> ForwardResult: ...
+def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree, *, parts=None):
+    """Logits for the root and every node of `tree` (and their final hidden states when asked).
 
     Args:
         model: an mlx-lm model whose attention layers own a `rope` child.
         cache: the target cache (plain KVCache layers), extended in place by n + 1.
         root_id: the newest context token (not yet in the cache).
         tree: the draft nodes.
+        parts: (inner model, LM head) from `Engine.hidden_parts()` to hand back the hidden states
+            too (an MTP drafter reads them); None: the model's own call, logits only.
 
     Returns:
-        [n + 1, vocab] float32 logits (lazy).
+        [n + 1, vocab] float32 logits (lazy); with `parts`, a ForwardResult of those logits and
+        the [n + 1, hidden] final hidden states, rows as the logits'.
     """
     offset = cache[0].offset
     ids = mx.array([root_id, *tree.tokens], dtype=mx.uint32)[None]
+
+    def run(layer_caches: list) -> ForwardResult:
+        if parts is None:
+            return ForwardResult(logits=model(ids, cache=layer_caches)[0].astype(mx.float32))
+        # as Engine.forward captures them: the inner model's output, then the LM head over it
+        inner, head = parts
+        hidden = inner(ids, cache=layer_caches)
+        return ForwardResult(logits=head(hidden)[0].astype(mx.float32), hidden=hidden[0])
+
     if tree.parents == list(range(-1, len(tree) - 1)):
         # a single branch (an n-gram with one match, a pruned tree): the plain causal forward, no wrappers
-        return model(ids, cache=cache)[0].astype(mx.float32)
+        result = run(cache)
+        return result if parts is not None else result.logits
     depths = mx.array([0, *tree.depths()], dtype=mx.int32)  # root first
     positions = offset + depths
     allowed = mx.array(tree.ancestor_mask())  # [n + 1, n + 1]
     wrapped = [_TreeMaskCache(c, depths, allowed) for c in cache]
     with _ropes_at(model, positions):
-        logits = model(ids, cache=wrapped)
-    return logits[0].astype(mx.float32)
+        result = run(wrapped)
+    return result if parts is not None else result.logits
 
 
 def keep_path(cache: list, start: int, kept_rows: list[int]) -> None:

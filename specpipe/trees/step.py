@@ -6,7 +6,9 @@ the step's Drafted, Verified and RolledBack events and leaves `new_ids`
 (accepted path + the target's next token) and `accepted` for the pipeline,
 which emits them as for a chain. Afterwards the target cache holds the
 context plus the accepted path (a plain sequence: the pipeline's cache
-invariant), and a model drafter's cache holds no token off that path.
+invariant), and a model drafter's cache holds no token off that path. A
+drafter that `needs_hidden` (draft=mtp) is handed the target's hidden
+states of the root and the accepted path, as the chain's verify hands them.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ class TreeStep:
             raise SpecpipeError(refusal)
         if not hasattr(drafter, "propose_tree"):
             raise SpecpipeError(
-                f"draft={drafter.name} cannot propose token trees: use tree=chain, or draft=ngram / model"
+                f"draft={drafter.name} cannot propose token trees: "
+                "use tree=chain, or draft=ngram / model / layerskip / mtp / lookahead"
             )
         self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
-        # the run's budget sizes each tree (trees/budget.py); None: the shape alone decides (scripts, tests)
-        self.sizer = TreeSizer(budget, shape, free=drafter.engine is None) if budget is not None else None
+        # draft=mtp reads the target's hidden states: the tree forward hands them back (inner model + LM head)
+        self.parts = target.hidden_parts() if drafter.needs_hidden else None
+        # the run's budget sizes each tree (trees/budget.py); None: the shape alone decides (scripts, tests).
+        # Free: proposing costs no forward (n-gram, lookahead); an MTP head has no engine but runs forwards.
+        free = drafter.engine is None and drafter.cost_per_token is None
+        self.sizer = TreeSizer(budget, shape, free=free) if budget is not None else None
         self.sampler = sampler if sampler is not None and not sampler.greedy else None  # None: greedy
         self.new_ids: list[int] = []
         self.accepted = 0
@@ -81,9 +88,19 @@ class TreeStep:
         # ---- verify + compare: one forward over [last_id, *nodes], the longest path the target agrees with
         s = time.perf_counter()
         start = cache[0].offset
-        logits = tree_forward(self.target.model, cache, last_id, tree)
+        hidden = None
+        if self.parts is None:
+            logits = tree_forward(self.target.model, cache, last_id, tree)
+        else:
+            result = tree_forward(self.target.model, cache, last_id, tree, parts=self.parts)
+            logits, hidden = result.logits, result.hidden
         verdict = self._compare(tree, logits)
         path_ids = [tree.tokens[i] for i in verdict.path]
+        if hidden is not None:
+            # the tape mirrors the compacted cache: the root's row, then the path's, at the root's position
+            # (len(context) - 1, as the chain's verify); off-path rows never reach the drafter
+            rows = mx.array([0] + [i + 1 for i in verdict.path], dtype=mx.int32)
+            drafter.observe_hidden(len(context) - 1, [last_id, *path_ids], hidden[rows])
         on_path = set(verdict.path)
         verify_s = time.perf_counter() - s
         yield Verified(
