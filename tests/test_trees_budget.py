@@ -31,8 +31,11 @@ class _Auto:
     probe_k, probe_every, probe_max = 2, 8, 64
     decision = None
 
-    def __init__(self, ratio):
-        self.ratio = ratio
+    def __init__(self, ratio, timing_due=False):
+        self.ratio, self.timing_due = ratio, timing_due
+
+    def plain_timing_due(self) -> bool:
+        return self.timing_due
 
     def observe(self, *a, **kw):
         pass
@@ -56,6 +59,45 @@ def test_worked_example_chooses_three_nodes_and_a_steep_curve_chooses_none():
     steep = TreeSizer(_Auto({n: float(n) for n in range(1, 5)}), SHAPE, free=True)
     steep.accepted, steep.scored = sizer.accepted, sizer.scored
     assert steep.size(_example_tree(), draft_forwards=0) == 0 and steep.decision.reason == "tree plain"
+
+
+def _one_node(score: float) -> TokenTree:
+    t = TokenTree()
+    t.add(5, -1, score)
+    return t
+
+
+@pytest.mark.parametrize(
+    "score, timing_due, nodes, reason",
+    [
+        (0.20, False, 0, "tree plain"),  # 1.02 tokens per unit of cost: within the estimates' error
+        (0.26, False, 1, "tree cost model"),  # 1.06: verified while T(1) is well timed
+        (0.26, True, 0, "tree plain (timing T(1))"),  # 1.06 on a stale T(1): a plain step times it
+        (0.90, True, 1, "tree cost model"),  # 1.5: a clear gain does not wait for the timing
+    ],
+)
+def test_a_thin_predicted_gain_stays_plain_or_times_t1_first(score, timing_due, nodes, reason):
+    """One node at depth 1, lambda 0.6, T(2)/T(1) = 1.1: tokens 1 + 0.6 * score over 1.1."""
+    sizer = TreeSizer(_Auto({1: 1.0, 2: 1.1, 3: 1.2}, timing_due), SHAPE, free=True)
+    sizer.accepted, sizer.scored = {1: 0.6 * 98}, {1: 98.0}
+    assert sizer.size(_one_node(score), draft_forwards=0) == nodes
+    assert sizer.decision.reason == reason
+
+
+def test_auto_asks_for_a_plain_timing_until_it_has_a_few_and_again_when_stale():
+    budget = AutoBudget()
+    budget.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 18)}
+    assert budget.plain_timing_due()  # nothing timed yet
+    for _ in range(3):
+        budget.observe(0, 0, verify_s=0.08)  # plain steps
+    assert not budget.plain_timing_due()
+    for _ in range(31):
+        budget.observe(1, 0, verify_s=0.085)  # one-token verifies
+    assert not budget.plain_timing_due()
+    budget.observe(1, 0, verify_s=0.085)
+    assert budget.plain_timing_due()  # 32 verifies since the last plain one
+    budget.observe(0, 0, verify_s=0.08)
+    assert not budget.plain_timing_due()
 
 
 def test_cut_keeps_the_best_scored_nodes_as_a_tree():

@@ -90,6 +90,8 @@ from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a look back cheaper than this share of a target step is taken on every plain step
 MEASURED_WINDOW = 9  # verify timings: the median of the last few per length, robust to a descheduled step
+PLAIN_TIMINGS = 3  # plain-step timings the measured curve needs before its T(1) is trusted without a refresh
+PLAIN_STALE = 32  # verifies since the last plain one after which T(1) is timed again where a verify's gain is thin
 PRIOR_TRIALS = 2.0  # weight of the pooled rates a new evidence class starts from
 CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
 # (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
@@ -136,6 +138,7 @@ class AutoBudget(BudgetBase):
         self._base: dict[int, float] = {}  # the short-context curve (the ratio setter fills it)
         self._calibrated: dict[int, float] = {}
         self._seconds: dict[int, deque[float]] = {}  # n -> this run's last verify seconds over n tokens
+        self._since_plain = 0  # verifies since the last plain (n = 1) one
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
@@ -198,6 +201,7 @@ class AutoBudget(BudgetBase):
         grows: on a loaded machine one plain step descheduled for a second made a 10-token verify look
         free (T(10)/T(1) = 1.0), and auto drafted 281 tokens at 3% acceptance on a prose prompt."""
         self._seconds.setdefault(n, deque(maxlen=MEASURED_WINDOW)).append(seconds)
+        self._since_plain = 0 if n == 1 else self._since_plain + 1
         plain = self._seconds.get(1)
         if not plain:
             return
@@ -209,6 +213,15 @@ class AutoBudget(BudgetBase):
             return
         scale = sorted(measured[m] / self._calibrated[m] for m in measured)[len(measured) // 2]
         self._curve = _monotone({m: measured.get(m, r * scale) for m, r in self._calibrated.items()})
+
+    def plain_timing_due(self) -> bool:
+        """T(1) needs a plain step's timing: too few of them this run, or none for PLAIN_STALE verifies.
+
+        A drafter that verifies a node on every step never times a plain one again, and the curve's
+        T(2)/T(1) stays where the first, cold step left it: on SmolLM2 + lookahead (prose) one plain step
+        timed slow made a one-node verify look free (T(2)/T(1) = 1.0, measured 1.08), and the sizer
+        verified one node at 5% acceptance on 60 of 61 steps (0.95x of plain)."""
+        return len(self._seconds.get(1, ())) < PLAIN_TIMINGS or self._since_plain >= PLAIN_STALE
 
     def _carry_in(self, learned: dict | None) -> None:
         """Start from an earlier session's rates for the same pair, scaled to CARRY_TRIALS' weight."""

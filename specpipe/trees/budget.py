@@ -11,7 +11,11 @@ c (read through AutoBudget's public `ratio`, `c`, `alpha`, `continuation`):
     expected tokens(N) = 1 + sum over the N best nodes of min(1, lambda_d * score)
     cost(N)            = depth * c + T(N + 1) / T(1)
 
-and N = 0 (a plain step, 1.0) when no N beats it. lambda_d calibrates the
+and N = 0 (a plain step, 1.0) when no N beats it by MIN_GAIN (the cost curve
+and the rates are estimates: a predicted gain of a few percent is within their
+error, and a step verified on it loses as often as it wins); while the gain is
+that thin and auto's T(1) is not timed well enough, the step is plain and times
+it (AutoBudget.plain_timing_due). lambda_d calibrates the
 drafter's scores at depth d: accepted nodes at depth d over the scores of the
 nodes verified there (forgetting, prior from auto's chain rates). A free
 drafter (n-gram, lookahead) still proposes on plain steps, and its candidates
@@ -36,6 +40,8 @@ from specpipe.trees.tree import TokenTree, select_dynamic
 
 FORGET = 0.9  # per tree step, as auto's rates: acceptance follows the text
 PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates
+MIN_GAIN = 0.03  # predicted speed-up over a plain step a verify must beat
+THIN_GAIN = 0.10  # below this predicted gain the choice hangs on T(1): time it when it is due
 
 
 @dataclass
@@ -127,9 +133,14 @@ class TreeSizer:
             value = tokens / self._ratio(n + 1)
             if value > best + 1e-9:
                 best, best_n, best_tokens = value, n, tokens
+        plain_reason = "plain"
+        if best_n and best < 1 + MIN_GAIN:
+            best_n, best_tokens = 0, 1.0  # within the estimates' error: not worth a verify
+        elif best_n and best < 1 + THIN_GAIN and self.budget.plain_timing_due():
+            best_n, best_tokens, plain_reason = 0, 1.0, "plain (timing T(1))"
         if best_n == 0 and probing:
             best_n = min(len(selected), max(2, self.budget.probe_k))
-        reason = "probe" if probing else "cost model" if best_n else "plain"
+        reason = "probe" if probing else "cost model" if best_n else plain_reason
         predicted = best_tokens / (draft_cost + self._ratio(best_n + 1)) if best_n else 1.0
         self.decision = self._decide(best_n, reason, predicted, draft_forwards)
         return best_n
