@@ -1,10 +1,12 @@
-"""A/B in one sitting: budget=auto on trees with and without its thin-gain guards (trees/budget.py
-MIN_GAIN / THIN_GAIN: a verify predicted to gain under 3% is not taken, and under 10% waits for a well
-timed T(1)), SmolLM2 float32 + n-gram / lookahead, greedy; every output checked equal to plain decoding's.
+"""A/B in one sitting: budget=auto on trees with and without its guards against thin evidence
+(trees/budget.py: MIN_GAIN / THIN_GAIN, a verify predicted to gain under 3% is not taken and under 10%
+waits for a well timed T(1); PRIOR_FADES, the prior's weight fades as evidence comes in), SmolLM2
+float32 + n-gram / lookahead, greedy; every output checked equal to plain decoding's.
 
     OPENBLAS_NUM_THREADS=1 python scripts/tree_guards_ab.py --suite prose --limit 4 --max-tokens 64 --repeats 3
 
-"Without" sets both thresholds below any gain for that run only (module constants read per step).
+"Without" sets both thresholds below any gain and keeps the prior's weight fixed, for that run only
+(module constants read per step).
 """
 
 import argparse
@@ -28,13 +30,14 @@ ROWS = {  # name -> (tree_vs_chain configuration, guards on)
 
 def run(target, name, ids, max_tokens):
     config, guards = ROWS[name]
-    saved = tree_budget.MIN_GAIN, tree_budget.THIN_GAIN
+    saved = tree_budget.MIN_GAIN, tree_budget.THIN_GAIN, tree_budget.PRIOR_FADES
     if not guards:
         tree_budget.MIN_GAIN = tree_budget.THIN_GAIN = -1.0
+        tree_budget.PRIOR_FADES = False
     try:
         return tvc.run(target, config, tvc.CONFIGS[config], ids, max_tokens)
     finally:
-        tree_budget.MIN_GAIN, tree_budget.THIN_GAIN = saved
+        tree_budget.MIN_GAIN, tree_budget.THIN_GAIN, tree_budget.PRIOR_FADES = saved
 
 
 def main():

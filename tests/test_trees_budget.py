@@ -84,6 +84,28 @@ def test_a_thin_predicted_gain_stays_plain_or_times_t1_first(score, timing_due, 
     assert sizer.decision.reason == reason
 
 
+def test_the_prior_fades_as_unaccepted_trees_come_in(monkeypatch):
+    """Auto's prior (alpha 0.6) weighs two trials before any tree; after 20 one-node trees of score 0.1,
+    none accepted, the evidence outweighs it and such a node is not worth a verify any more (with the
+    prior's weight held at two trials it still was: lambda 0.42, reach 0.11)."""
+    import specpipe.trees.budget as tree_budget
+
+    def sizer_after_20_misses() -> TreeSizer:
+        sizer = TreeSizer(_Auto({1: 1.0, 2: 1.01, 3: 1.02}), SHAPE, free=True)
+        assert sizer._lambda(1) == pytest.approx(0.6)
+        for _ in range(20):
+            sizer.observe(_one_node(0.1), [], draft_s=0.0, verify_s=0.01, depth=1)
+        return sizer
+
+    faded = sizer_after_20_misses()
+    assert faded._lambda(1) < 0.15 and faded._reach(1) < 0.02
+    assert faded.size(_one_node(0.1), draft_forwards=0) == 0
+    monkeypatch.setattr(tree_budget, "PRIOR_FADES", False)
+    fixed = sizer_after_20_misses()
+    assert fixed._lambda(1) > 0.4 and fixed._reach(1) > 0.1
+    assert fixed.size(_one_node(0.1), draft_forwards=0) == 1
+
+
 def test_auto_asks_for_a_plain_timing_until_it_has_a_few_and_again_when_stale():
     budget = AutoBudget()
     budget.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 18)}

@@ -39,7 +39,12 @@ from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree, select_dynamic
 
 FORGET = 0.9  # per tree step, as auto's rates: acceptance follows the text
-PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates
+PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates, before any tree reached that depth
+# the prior's weight fades as evidence at its depth comes in, as old evidence does: a fixed two trials' worth
+# of auto's 0.5 prior against the ~10 trials forgetting keeps made lookahead's nodes (small scores, ~5%
+# accepted) look worth a verify for 20+ steps of nothing accepted
+PRIOR_FADES = True
+PRIOR_FLOOR = 0.1  # the prior never goes: a depth's rate stays defined on little evidence
 MIN_GAIN = 0.03  # predicted speed-up over a plain step a verify must beat
 THIN_GAIN = 0.10  # below this predicted gain the choice hangs on T(1): time it when it is due
 
@@ -190,6 +195,14 @@ class TreeSizer:
             r = self.reached.setdefault(d, [0.0, 0.0])
             r[0], r[1] = FORGET * r[0] + (path_len >= d), FORGET * r[1] + 1
 
+    def _prior_weight(self, d: int) -> float:
+        """PRIOR_TRIALS, faded once per tree counted at depth d (its `reached` trials hold FORGET**n there)."""
+        if not PRIOR_FADES:
+            return PRIOR_TRIALS
+        trials = self.reached.get(d, [0.0, 0.0])[1]
+        left = max(0.0, 1.0 - trials * (1.0 - FORGET))  # n counted trees sum (1 - FORGET**n) / (1 - FORGET)
+        return max(PRIOR_FLOOR, PRIOR_TRIALS * left)
+
     def _prior_reach(self, d: int) -> float:
         alpha, g = (float(self.budget.alpha), float(self.budget.continuation)) if self.auto else (0.5, 0.5)
         return alpha * g ** (d - 1)
@@ -197,12 +210,13 @@ class TreeSizer:
     def _reach(self, d: int) -> float:
         """P(the accepted path reaches depth d), measured, with auto's chain rates as prior."""
         hit, trials = self.reached.get(d, [0.0, 0.0])
-        return (hit + PRIOR_TRIALS * self._prior_reach(d)) / (trials + PRIOR_TRIALS)
+        w = self._prior_weight(d)
+        return (hit + w * self._prior_reach(d)) / (trials + w)
 
     def _lambda(self, d: int) -> float:
         """Accepted nodes per unit of score at depth d (scores are shares or probabilities, not rates)."""
-        prior = self._prior_reach(d)
-        return (self.accepted.get(d, 0.0) + PRIOR_TRIALS * prior) / (self.scored.get(d, 0.0) + PRIOR_TRIALS)
+        prior, w = self._prior_reach(d), self._prior_weight(d)
+        return (self.accepted.get(d, 0.0) + w * prior) / (self.scored.get(d, 0.0) + w)
 
     def reach_by_depth(self) -> dict[int, float]:
         return {d: round(self._reach(d), 3) for d in sorted(self.reached)}
