@@ -8,7 +8,12 @@ Per prompt and repeat the configurations run in rotating order over one loaded t
 and the tree, and draft=lookahead trees (specpipe/trees/, specpipe/drafters/lookahead.py). Every output is
 checked equal to plain decoding's. Prints per configuration: tokens per target forward, accepted length
 (1 + accepted / steps), nodes verified per step, and the speed-up over plain as the geometric mean of the
-per-prompt ratios of decode tok/s (the median repeat of each).
+per-prompt ratios of decode tok/s (the median repeat of each) and the worst prompt's. The "..., no guards"
+rows (only by name in --only) run budget=auto on trees without its guards against thin evidence:
+
+    python scripts/tree_vs_chain.py --suite prose --limit 4 --max-tokens 64 --repeats 3 --only \
+        "auto tree (dynamic 16)" "auto tree (dynamic 16), no guards" \
+        "lookahead auto tree (dynamic 16)" "lookahead auto tree (dynamic 16), no guards"
 """
 
 import argparse
@@ -21,6 +26,7 @@ from pathlib import Path
 from specpipe.engine.load.blas import preload_blas
 
 blas = preload_blas()
+import specpipe.trees.budget as tree_budget  # noqa: E402
 from specpipe.budgets.auto import AutoBudget  # noqa: E402
 from specpipe.budgets.fixed import FixedBudget  # noqa: E402
 from specpipe.core.pipeline import SpeculativePipeline  # noqa: E402
@@ -53,9 +59,15 @@ CONFIGS = {
     "lookahead dynamic 16": ("lookahead", 8, DYN(16, 6)),
     "lookahead auto tree (dynamic 16)": ("lookahead", "auto", DYN(16, 6)),
 }
+# auto without its guards against thin evidence (trees/budget.py: MIN_GAIN / THIN_GAIN, no verify on a
+# predicted gain within the estimates' error; PRIOR_FADES): the A/B of docs/benchmarks.md, session 14
+UNGUARDED = {f"{name}, no guards": name for name in ("auto tree (dynamic 16)", "lookahead auto tree (dynamic 16)")}
+CONFIGS.update({unguarded: CONFIGS[name] for unguarded, name in UNGUARDED.items()})
 
 
 def run(target, name, spec, prompt, max_tokens):
+    if name in UNGUARDED:
+        return _unguarded(target, name, spec, prompt, max_tokens)
     kind, k, shape = spec
     rollback = TrimRollback()
     drafter = {None: NoneDrafter, "ngram": NgramDrafter, "lookahead": LookaheadDrafter}[kind]()
@@ -69,6 +81,17 @@ def run(target, name, spec, prompt, max_tokens):
     pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
     final = list(pipe.run(prompt, max_tokens, stop_ids=target.eos_token_ids))[-1]
     return final
+
+
+def _unguarded(target, name, spec, prompt, max_tokens):
+    """`run` with the tree sizer's guards off for this run only (module constants, read per step)."""
+    saved = tree_budget.MIN_GAIN, tree_budget.THIN_GAIN, tree_budget.PRIOR_FADES
+    tree_budget.MIN_GAIN = tree_budget.THIN_GAIN = -1.0
+    tree_budget.PRIOR_FADES = False
+    try:
+        return run(target, UNGUARDED[name], spec, prompt, max_tokens)
+    finally:
+        tree_budget.MIN_GAIN, tree_budget.THIN_GAIN, tree_budget.PRIOR_FADES = saved
 
 
 def main():
@@ -86,7 +109,8 @@ def main():
     target = load_engine(a.model, precision="float32")
     suite = Path(__file__).resolve().parents[1] / "specpipe" / "bench" / "suites" / f"{a.suite}.jsonl"
     prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][: a.limit]
-    names = [n for n in CONFIGS if n == "plain" or not a.only or n in a.only]
+    # without --only: every configuration but the unguarded auto rows (they are for the guards' A/B)
+    names = [n for n in CONFIGS if n == "plain" or (n in a.only if a.only else n not in UNGUARDED)]
     run(target, "plain", CONFIGS["plain"], target.encode_prompt("warm up", chat=True), 8)
     rows = {n: [] for n in names}  # per prompt: (tok/s median, tokens/forward, accepted length, nodes/step)
     for p_i, p in enumerate(prompts):
@@ -120,14 +144,15 @@ def main():
     )
     print(
         "| configuration | tokens / target forward | accepted length | "
-        "nodes verified / step | speed-up over plain (geo-mean) |"
+        "nodes verified / step | speed-up over plain (geo-mean) | worst prompt |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for n in names:
-        ratio = math.exp(statistics.mean(math.log(r[0] / b[0]) for r, b in zip(rows[n], rows["plain"])))
+        ratios = [r[0] / b[0] for r, b in zip(rows[n], rows["plain"])]
+        ratio = math.exp(statistics.mean(math.log(x) for x in ratios))
         print(
             f"| {n} | {statistics.mean(r[1] for r in rows[n]):.2f} | {statistics.mean(r[2] for r in rows[n]):.2f} | "
-            f"{statistics.mean(r[3] for r in rows[n]):.1f} | {ratio:.2f}x |"
+            f"{statistics.mean(r[3] for r in rows[n]):.1f} | {ratio:.2f}x | {min(ratios):.2f}x |"
         )
 
 
