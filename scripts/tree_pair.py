@@ -1,7 +1,7 @@
 """Chain vs token trees with a draft model, A/B in one sitting: Qwen2.5-Coder-1.5B target + 0.5B draft
 (float32), greedy, with mlx-lm's speculative decoding on the same model objects.
 
-    python scripts/tree_pair.py [--suite code] [--limit 2] [--max-tokens 64] [--repeats 1] [--mlx-ks 4]
+    python scripts/tree_pair.py [--suite code] [--skip 0] [--limit 2] [--max-tokens 64] [--repeats 1] [--mlx-ks 4]
 
 Per prompt and repeat the configurations run in rotating order: plain decoding, chains (fixed K, auto),
 trees (draft=model proposes its greedy chain with the top-k siblings of each token; fixed shape and
@@ -83,19 +83,21 @@ def run_mlx(target, draft, k, prompt, max_tokens):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", default="code")
+    ap.add_argument("--skip", type=int, default=0, help="start at this prompt of the suite (split a suite over cores)")
     ap.add_argument("--limit", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--mlx-ks", type=int, nargs="*", default=[4])
+    ap.add_argument("--no-mlx", action="store_true", help="skip mlx-lm's rows, its plain decoding too")
     ap.add_argument("--only", nargs="*", help="configuration names to run (plain is always run)")
     a = ap.parse_args()
     load_start = os.getloadavg()[0]
     target = load_engine("qwen2.5-coder-1.5b", precision="float32")
     draft = load_engine("qwen2.5-coder-0.5b", precision="float32")
     suite = Path(__file__).resolve().parents[1] / "specpipe" / "bench" / "suites" / f"{a.suite}.jsonl"
-    prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][: a.limit]
+    prompts = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()][a.skip : a.skip + a.limit]
     ours = [n for n in CONFIGS if n == "plain" or not a.only or n in a.only]
-    mlx = ["mlx-lm plain"] + [f"mlx-lm K={k}" for k in a.mlx_ks]
+    mlx = [] if a.no_mlx else ["mlx-lm plain"] + [f"mlx-lm K={k}" for k in a.mlx_ks]
     names = ours + mlx
     run(target, draft, CONFIGS["plain"], target.encode_prompt("warm up", chat=True), 4)
     rows = {n: [] for n in names}
