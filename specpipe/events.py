@@ -37,6 +37,9 @@ class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy read
     max_tokens: int
     config_yaml: str = ""
     tree: str = ""  # tree != chain: the shape, e.g. "dynamic(nodes=16, depth=8, width=4)"; "" for a chain
+    # rows of the draft model's LM head every drafted token scores (draft.vocab; the context's ids join
+    # them during the run); None: every row, or no draft model
+    draft_head_rows: int | None = None
 
 
 class PrefillProgress(Base, frozen=True, kw_only=True):

@@ -34,6 +34,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     target: ModelInfo
     draft: ModelInfo | None = None
     drafter: str = ""
+    draft_head_rows: int | None = None  # as RunStarted: the cut draft head's rows (draft.vocab), None = all
     budget: str = ""
     rollback: str = ""
     compare: str = "greedy"
@@ -116,6 +117,7 @@ def run(
         target=session.target.info,
         draft=session.draft_info,
         drafter=session.drafter.name,
+        draft_head_rows=session.drafter.head_rows,
         budget=session.budget_label(),
         rollback=session.rollback.name,
         compare=session.comparator.name,

@@ -106,6 +106,7 @@ class Session:
             max_tokens=max_tokens,
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
             tree=self.tree_step.shape.label() if self.tree_step is not None else "",
+            draft_head_rows=self.drafter.head_rows,
         )
         pipeline = SpeculativePipeline(
             self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step

@@ -102,6 +102,21 @@ def test_mismatched_tokenizers(tmp_path, smollm2_gguf):
     assert len(lines) == 1 and "different tokenizers" in lines[0], proc.stderr
 
 
+@pytest.mark.parametrize("vocab", [64, 0])
+def test_a_cut_draft_head_is_said_in_the_header_the_events_and_the_summary(tmp_path, vocab):
+    proc = specpipe(TINY + ["draft=model", "draft.model=tiny-random", f"draft.vocab={vocab}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    folder = run_dir(tmp_path)
+    rows = json.loads((folder / "summary.json").read_text())["draft_head_rows"]
+    started = next(iter(read_events(folder / "events.jsonl")))
+    assert started.draft_head_rows == rows
+    if vocab:
+        assert 64 <= rows < 80  # the 64 asked for plus the end ids
+        assert f"head cut to {rows} rows" in proc.stderr.splitlines()[0]
+    else:
+        assert rows is None and "head cut" not in proc.stderr
+
+
 def test_ctrl_c_keeps_what_was_generated(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(

@@ -45,6 +45,8 @@ class TerminalPrinter:
         self.progress(event)
         if isinstance(event, RunStarted):
             draft = f" + draft {event.draft.name}" if event.draft else ""
+            if event.draft_head_rows is not None:  # draft.vocab: say that the draft's head is cut, and to what
+                draft += f" (head cut to {event.draft_head_rows} rows + the context's)"
             print(
                 f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
                 f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}",
