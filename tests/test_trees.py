@@ -13,12 +13,12 @@ from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
-from specpipe.engine.kv import WindowKVCache
+from specpipe.engine.kv import WindowKV, WindowKVCache
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, Verified
 from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.drafting import ngram_candidates
-from specpipe.trees.forward import keep_path, tree_forward, tree_mask
+from specpipe.trees.forward import keep_path, tree_forward, tree_mask, tree_refusal
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.step import TreeStep
 from specpipe.trees.tree import TokenTree, select_dynamic, select_static
@@ -101,19 +101,28 @@ def small_margins(cache: list, margin: int = 4) -> list:
 
 
 # gemma3_text: sliding-window layers (window 64) beside global ones; a 100-token context passes the window,
-# and with a small margin its window caches have dropped their oldest positions before the tree's forward
+# and with a small margin its window caches have dropped their oldest positions before the tree's forward.
+# gemma3: the same text model in the multimodal wrapper (4b+ checkpoints). kv=window (size 32): a window on
+# every layer, chosen by the user; plain forwards see the same window, so the tree must too.
 @pytest.mark.parametrize(
-    "arch, context", [(a, 27) for a in ARCHS + ["mistral", "gemma3_text"]] + [("gemma3_text", 100)]
+    "arch, context, kv_window",
+    [(a, 27, None) for a in ARCHS + ["mistral", "gemma3_text"]]
+    + [("gemma3_text", 100, None), ("gemma3", 100, None), ("llama", 100, 32), ("gemma3_text", 100, 32)],
 )
-def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch, context):
+def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch, context, kv_window):
     e = tiny(arch)
+
+    def make_cache() -> list:
+        return small_margins(WindowKV(kv_window).make_cache(e.model) if kv_window else e.make_cache())
+
     prompt = [3 + i % 40 for i in range(context)]
     t = sample_tree()
-    cache = small_margins(e.make_cache())
+    cache = make_cache()
+    assert tree_refusal(e.model, cache, e.info.name, e.info.arch) is None
     e.prefill(prompt[:-1], cache)
     logits = tree_forward(e.model, cache, prompt[-1], t)
     for node in range(len(t)):
-        ref_cache = e.make_cache()
+        ref_cache = make_cache()
         e.prefill(prompt[:-1], ref_cache)
         ref = e.forward([prompt[-1]] + [t.tokens[i] for i in t.path_to(node)], ref_cache).logits[-1]
         assert mx.allclose(logits[node + 1], ref, atol=1e-4), (arch, node)
@@ -121,7 +130,7 @@ def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(ar
         assert any(getattr(c, "start", 0) > 0 for c in cache), "the window caches dropped nothing"
     keep_path(cache, len(prompt) - 1, [0] + [i + 1 for i in t.path_to(4)])
     nxt = e.forward([3], cache).logits[-1]
-    ref_cache = e.make_cache()
+    ref_cache = make_cache()
     ref = e.forward(prompt + [5, 9, 11, 3], ref_cache).logits[-1]
     assert mx.allclose(nxt, ref, atol=1e-4)
     # the rope children were put back: a plain forward is untouched

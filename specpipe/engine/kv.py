@@ -185,14 +185,14 @@ class WindowKVCache(KVCache):
         return self.keys, self.values
 
     def _evict(self) -> None:
-        drop = self._next_start() - self.start
+        drop = self.next_start() - self.start
         if drop:
             held = self.offset - self.start
             self.keys = self.keys[..., drop:held, :]
             self.values = self.values[..., drop:held, :]
             self.start += drop
 
-    def _next_start(self) -> int:
+    def next_start(self) -> int:
         """Where the buffer will start once the next update has dropped what it drops.
 
         The model builds its mask from the first layer's cache before any layer
@@ -209,7 +209,7 @@ class WindowKVCache(KVCache):
         A model may ask for a narrower window (`window_size`), as RotatingKVCache honours.
         """
         window = min(self.window, window_size) if window_size else self.window
-        start = self._next_start()
+        start = self.next_start()
         if start > self.offset + N - 1 - window and not return_array:
             return "causal" if N > 1 else None  # every held position is inside the newest query's window
         queries = mx.arange(self.offset, self.offset + N)[:, None]

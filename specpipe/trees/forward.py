@@ -14,10 +14,11 @@ compacts it.
 How, without patching mlx-lm: mlx-lm attention asks `cache.make_mask(N)`
 for its mask and calls `self.rope(x, offset=cache.offset)`. For this one
 forward the cache entries are wrapped (`_TreeMaskCache` returns the
-ancestor mask) and each attention layer's `rope` child is replaced on that
-instance by `_TreeRope` (rotates each token at its own position), then put
-back. Only plain KVCache layers and the engine's WindowKVCache are
-supported (`tree_refusal`).
+ancestor mask, limited to each node's window in a window cache) and each
+attention layer's `rope` child is replaced on that instance by `_TreeRope`
+(rotates each token at its own position), then put back. Only plain
+KVCache layers and the engine's WindowKVCache are supported
+(`tree_refusal`).
 """
 
 from __future__ import annotations
@@ -38,18 +39,19 @@ from specpipe.trees.tree import TokenTree
 # from `cache.make_mask` (gemma3: one for its global layers, one with `window_size` for its sliding ones):
 # checked against plain forwards in tests/test_trees.py. Others may use the offset elsewhere (attention
 # temperature by position, chunked attention) and are refused rather than trusted.
-TREE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+TREE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")  # gemma3: the 4b+ wrapper
 TREE_CACHES = (KVCache, WindowKVCache)  # layer caches a tree forward can write and `keep_path` compact
 
 
 def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> str | None:
     """One line naming tree=chain when the model cannot verify a tree: a cache layer that cannot
-    hold one (recurrent, rotating, quantized), an untested family, or no `rope` child to position nodes."""
+    hold one (recurrent, chunked, rotating with sinks, quantized), an untested family, or no `rope`
+    child to position nodes."""
     kinds = sorted({type(c).__name__ for c in cache if type(c) not in TREE_CACHES})
     if kinds:
         return (
             f"tree verification needs attention-only KV caches, but {model_name} has {', '.join(kinds)} layers "
-            "(recurrent, chunked or quantized): use tree=chain with this model"
+            "(recurrent, chunked, rotating with sinks or quantized): use tree=chain with this model"
         )
     if arch not in TREE_ARCHS:
         return (
@@ -75,7 +77,7 @@ def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree, *
 
     Args:
         model: an mlx-lm model whose attention layers own a `rope` child.
-        cache: the target cache (plain KVCache layers), extended in place by n + 1.
+        cache: the target cache (KVCache / WindowKVCache layers), extended in place by n + 1.
         root_id: the newest context token (not yet in the cache).
         tree: the draft nodes.
         parts: (inner model, LM head) from `Engine.hidden_parts()` to hand back the hidden states
@@ -136,6 +138,9 @@ def _first_held(cache) -> int:
 def tree_mask(offset: int, first: int, depths: mx.array, allowed: mx.array, window: int | None) -> mx.array:
     """[n + 1, offset - first + n + 1] bool: which held positions each of root + nodes attends to.
 
+    depths: [n + 1] int, the root's 0 then each node's depth; allowed: [n + 1, n + 1] bool, the
+    ancestor mask (TokenTree.ancestor_mask); first: the oldest position the layer's cache holds.
+
     Row i is at position offset + depths[i]. Context positions first..offset-1 are all earlier; tree
     columns follow the ancestor mask. With a window, a query sees only keys less than `window`
     positions before its own (mlx-lm's sliding-window rule, as WindowKVCache.make_mask applies it).
@@ -163,7 +168,7 @@ class _TreeMaskCache:
         # the window this layer attends within: its cache's (WindowKVCache) and / or the model's request
         windows = [w for w in (getattr(inner, "window", None), window_size) if w]
         # a window cache drops its oldest positions in the update that follows: mask what will be held
-        first = inner._next_start() if isinstance(inner, WindowKVCache) else 0
+        first = inner.next_start() if isinstance(inner, WindowKVCache) else 0
         return tree_mask(inner.offset, first, self._depths, self._allowed, min(windows) if windows else None)
 
     def __getattr__(self, name):  # offset, update_and_fetch, keys, state, ...

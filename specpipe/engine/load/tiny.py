@@ -42,6 +42,12 @@ ARCH_EXTRAS: dict[str, dict] = {
     "qwen3": {},
     "mistral": {},
     "gemma3_text": dict(query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2),
+    # gemma-3-4b/12b/27b checkpoints: the multimodal wrapper (model_type gemma3) around the same text model
+    "gemma3": dict(
+        text_config=dict(
+            _BASE, model_type="gemma3_text", query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2
+        )
+    ),
     "phi3": {},
     "olmo2": {},
     # llama4 (text): 3 chunked-attention layers (32-position chunks), then a global NoPE one; MoE every 2nd
