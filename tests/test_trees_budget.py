@@ -71,8 +71,8 @@ def _one_node(score: float) -> TokenTree:
     "score, timing_due, nodes, reason",
     [
         (0.20, False, 0, "tree plain"),  # 1.02 tokens per unit of cost: within the estimates' error
-        (0.26, False, 1, "tree cost model"),  # 1.06: verified while T(1) is well timed
-        (0.26, True, 0, "tree plain (timing T(1))"),  # 1.06 on a stale T(1): a plain step times it
+        (0.26, False, 1, "tree cost model"),  # 1.05: verified while T(1) is well timed
+        (0.26, True, 0, "tree plain (timing T(1))"),  # 1.05 on a stale T(1): a plain step times it
         (0.90, True, 1, "tree cost model"),  # 1.5: a clear gain does not wait for the timing
     ],
 )
@@ -86,12 +86,13 @@ def test_a_thin_predicted_gain_stays_plain_or_times_t1_first(score, timing_due, 
 
 def test_the_prior_fades_as_unaccepted_trees_come_in(monkeypatch):
     """Auto's prior (alpha 0.6) weighs two trials before any tree; after 20 one-node trees of score 0.1,
-    none accepted, the evidence outweighs it and such a node is not worth a verify any more (with the
-    prior's weight held at two trials it still was: lambda 0.42, reach 0.11)."""
+    none accepted, the evidence outweighs it and a node of score 0.3 is not worth a verify at T(2)/T(1)
+    = 1.06 (1 + 0.13 * 0.3 = 1.04 tokens for 1.06); with the prior's weight held at two trials it still
+    was (lambda 0.42: 1.13 tokens, 1.06x)."""
     import specpipe.trees.budget as tree_budget
 
     def sizer_after_20_misses() -> TreeSizer:
-        sizer = TreeSizer(_Auto({1: 1.0, 2: 1.01, 3: 1.02}), SHAPE, free=True)
+        sizer = TreeSizer(_Auto({1: 1.0, 2: 1.06, 3: 1.12}), SHAPE, free=True)
         assert sizer._lambda(1) == pytest.approx(0.6)
         for _ in range(20):
             sizer.observe(_one_node(0.1), [], draft_s=0.0, verify_s=0.01, depth=1)
@@ -99,11 +100,34 @@ def test_the_prior_fades_as_unaccepted_trees_come_in(monkeypatch):
 
     faded = sizer_after_20_misses()
     assert faded._lambda(1) < 0.15 and faded._reach(1) < 0.02
-    assert faded.size(_one_node(0.1), draft_forwards=0) == 0
+    assert faded.size(_one_node(0.3), draft_forwards=0) == 0
     monkeypatch.setattr(tree_budget, "PRIOR_FADES", False)
     fixed = sizer_after_20_misses()
     assert fixed._lambda(1) > 0.4 and fixed._reach(1) > 0.1
-    assert fixed.size(_one_node(0.1), draft_forwards=0) == 1
+    assert fixed.size(_one_node(0.3), draft_forwards=0) == 1
+
+
+def test_a_paid_draft_judged_not_worth_verifying_is_followed_by_a_verified_probe():
+    """A drafter that costs forwards (c = 0.02): the reach rates say drafting pays (plan), the head's steady
+    0.84 score says a verify does not quite (size: 1 + 0.6 * 0.84 over T(2)/T(1) = 1.5 is under 1.03).
+    Without the probe after a discarded draft it drafted all 200 steps and verified none (helper review);
+    with it every other draft is verified, acceptance is learned, and verifies take over."""
+    sizer = TreeSizer(
+        _Auto({1: 1.0, 2: 1.5, 3: 1.9}), TreeShape(kind="dynamic", nodes=2, depth=1, branching=[2]), free=False
+    )
+    sizer.budget.c = 0.02
+    drafted = verified = 0
+    for _ in range(200):
+        shape, probing = sizer.plan()
+        if shape is None:
+            sizer.observe(TokenTree(), [], draft_s=0.0, verify_s=0.01, depth=0)
+            continue
+        drafted += 1
+        n = sizer.size(_one_node(0.84), draft_forwards=1, probing=probing)
+        tree = sizer.cut(_one_node(0.84), n) if n else TokenTree()
+        verified += n > 0
+        sizer.observe(tree, [0] if n else [], draft_s=0.0, verify_s=0.01, depth=1)  # accepted when verified
+    assert drafted > 0 and verified >= drafted - 5  # a few discarded drafts while lambda learns, then verifies
 
 
 def test_auto_asks_for_a_plain_timing_until_it_has_a_few_and_again_when_stale():

@@ -15,10 +15,14 @@ and N = 0 (a plain step, 1.0) when no N beats it by MIN_GAIN (the cost curve
 and the rates are estimates: a predicted gain of a few percent is within their
 error, and a step verified on it loses as often as it wins); while the gain is
 that thin and auto's T(1) is not timed well enough, the step is plain and times
-it (AutoBudget.plain_timing_due). lambda_d calibrates the
+it (AutoBudget.plain_timing_due). A drafter that pays per level checks both
+before drafting (plan), on its reach rates; where a paid draft is still judged
+not worth a verify, the next step verifies one as a probe, so the rates and
+the scores cannot disagree for ever unchecked. lambda_d calibrates the
 drafter's scores at depth d: accepted nodes at depth d over the scores of the
-nodes verified there (forgetting, prior from auto's chain rates). A free
-drafter (n-gram, lookahead) still proposes on plain steps, and its candidates
+nodes verified there (forgetting; prior from auto's chain rates, its weight
+fading as trees come in: PRIOR_FADES). A free drafter (n-gram, lookahead)
+still proposes on plain steps, and its candidates
 are checked in hindsight against the tokens the target then emitted: evidence
 at no verify cost, as the chain's auto does. A drafter with a cost probes on
 auto's schedule (probe_every plain steps, doubling up to probe_max while a
@@ -69,6 +73,7 @@ class TreeSizer:
     _pending: list[_Hindsight] = field(default_factory=list)
     _since_probe: int = 0
     _probe_wait: int = 1
+    _discarded: bool = False  # the last step's paid draft was not verified (see plan)
 
     @property
     def auto(self) -> bool:
@@ -81,7 +86,17 @@ class TreeSizer:
         proposing (a drafter that costs, on auto, when nothing pays and no probe is due)."""
         if not self.auto or self.free:
             return self.shape, False
-        depth = self._depth_worth_drafting()
+        if self._discarded:
+            # the last step paid for a draft that `size` then judged not worth a verify: the rates here and
+            # the scores there disagree, and a discarded draft teaches neither. Verify this one as a probe,
+            # or a steady disagreement drafts every step and verifies none
+            self._discarded = False
+            return self._with_depth(max(2, self.budget.probe_k)), True
+        depth, value = self._depth_worth_drafting()
+        if depth > 0 and value < 1 + THIN_GAIN and self.budget.plain_timing_due():
+            # decided by a few percent: time a plain step first (before paying for the draft, not after)
+            self.decision = self._decide(0, "plain (timing T(1))", 1.0, 0)
+            return None, False
         if depth > 0:
             self._since_probe, self._probe_wait = 0, self.budget.probe_every
             return self._with_depth(depth), False
@@ -99,9 +114,10 @@ class TreeSizer:
             return self.shape
         return replace(self.shape, depth=depth, branching=self.shape.branching[:depth])
 
-    def _depth_worth_drafting(self) -> int:
-        """Deepest level d whose chance of being reached is at least its draft cost c: a level the
-        path rarely reaches does not pay for the draft forward that proposes it."""
+    def _depth_worth_drafting(self) -> tuple[int, float]:
+        """(deepest level d whose chance of being reached is at least its draft cost c, its predicted
+        speed-up): a level the path rarely reaches does not pay for the draft forward that proposes it.
+        (0, 1.0) when no chain beats a plain step by MIN_GAIN."""
         c = self._c()
         depth = 0
         for d in range(1, self.shape.max_depth + 1):
@@ -109,18 +125,20 @@ class TreeSizer:
                 depth = d
             else:
                 break
-        best, _ = self._best_n_from_rates(depth)
-        return depth if best > 0 else 0
+        best_n, value = self._best_n_from_rates(depth)
+        return (depth, value) if best_n > 0 else (0, 1.0)
 
     def _best_n_from_rates(self, depth: int) -> tuple[int, float]:
-        """Before a costly draft: the chain of `depth` priced on the reach rates (a tree does at least as well)."""
-        tokens, best, best_n = 1.0, 1.0, 0
+        """Before a costly draft: the chain of `depth` priced on the reach rates (a tree does at least as well),
+        as (best length, its predicted speed-up); (0, 1.0) when none beats a plain step by MIN_GAIN, as `size`
+        would judge it after the draft."""
+        tokens, best, best_n = 1.0, 1.0 + MIN_GAIN, 0
         for d in range(1, depth + 1):
             tokens += self._reach(d)
             value = tokens / (depth * self._c() + self._ratio(d + 1))
             if value > best:
                 best, best_n = value, d
-        return best_n, best
+        return (best_n, best) if best_n else (0, 1.0)
 
     # ---------------------------------------------------------------- after drafting
 
@@ -145,6 +163,8 @@ class TreeSizer:
             best_n, best_tokens, plain_reason = 0, 1.0, "plain (timing T(1))"
         if best_n == 0 and probing:
             best_n = min(len(selected), max(2, self.budget.probe_k))
+        # a draft that cost forwards and is not verified: the next step verifies one as a probe (plan)
+        self._discarded = best_n == 0 and draft_forwards > 0 and not self.free
         reason = "probe" if probing else "cost model" if best_n else plain_reason
         predicted = best_tokens / (draft_cost + self._ratio(best_n + 1)) if best_n else 1.0
         self.decision = self._decide(best_n, reason, predicted, draft_forwards)
