@@ -20,7 +20,7 @@ from specpipe.drafters.mtp import MtpDrafter
 from specpipe.drafters.mtp_head import new_head, save_head
 from specpipe.engine.engine import HIDDEN
 from specpipe.engine.introspect import llama_parts
-from specpipe.events import Drafted, Verified
+from specpipe.events import Drafted, RolledBack, Verified
 from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.step import TreeStep
@@ -111,6 +111,10 @@ def test_mtp_tree_greedy_equals_target_alone(setup, shape):
     assert drafter.target_recomputes == 0
     assert_tape_holds_the_context(target, drafter, pipe)
     assert events[-1].stats.tree_steps > 0
+    # the head's chained pairs are dropped by its next draft: RolledBack counts them, as on the chain path
+    depth = SHAPES[shape].max_depth
+    assert {e.draft_dropped for e in events if isinstance(e, RolledBack)} <= {0, depth - 1}
+    assert any(e.draft_dropped == depth - 1 for e in events if isinstance(e, RolledBack))
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

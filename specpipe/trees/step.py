@@ -121,12 +121,12 @@ class TreeStep:
         # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
         s = time.perf_counter()
         keep_path(cache, start, [0] + [i + 1 for i in verdict.path])
-        draft_drop = 0
-        if drafter.cache is not None:
-            agreed = 0
-            while agreed < min(len(path_ids), len(draft.cached_tail)) and path_ids[agreed] == draft.cached_tail[agreed]:
-                agreed += 1
-            draft_drop = drafter.rollback(len(context) + agreed)  # the drafter rolls its own cache back
+        agreed = 0
+        while agreed < min(len(path_ids), len(draft.cached_tail)) and path_ids[agreed] == draft.cached_tail[agreed]:
+            agreed += 1
+        # the drafter rolls its own cache back (a draft model) or counts what its next draft drops (an MTP
+        # head's chained pairs), as on the chain path; cacheless drafters drop nothing
+        draft_drop = drafter.rollback(len(context) + agreed)
         yield RolledBack(
             t=clock(),
             step=step,
