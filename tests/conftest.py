@@ -45,6 +45,18 @@ def run_module(module: str, args: list[str], cwd, env: dict | None = None, timeo
     )
 
 
+@pytest.fixture(autouse=True)
+def fresh_auto_memory(monkeypatch):
+    """Each test starts budget=auto without the rates earlier tests' sessions left in this process.
+
+    AutoBudget carries what a session learned to the next one with the same target and drafter (a light
+    prior); across tests that made results depend on which files ran before (the chain-stop cut test failed
+    after test_auto_evidence, test_bench and test_budgets together, on a fresh HOME)."""
+    import specpipe.budgets.auto as auto_module
+
+    monkeypatch.setattr(auto_module, "_LEARNED", {})
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf():
     from specpipe.engine.load.model_store import model_path
