@@ -69,7 +69,7 @@ def main():
         t = TokenTree()
         for i in range(n):  # a bushy tree: 4 children per node, breadth first
             t.add(100 + i, (i - 4) // 4 if i >= 4 else -1)
-        return lambda: tree_forward(model, c, 1, t)
+        return lambda: tree_forward(e, c, 1, t).logits
 
     def rows(n):
         b = max(1, n // a.depth)

@@ -120,7 +120,7 @@ def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(ar
     cache = make_cache()
     assert tree_refusal(e.model, cache, e.info.name, e.info.arch) is None
     e.prefill(prompt[:-1], cache)
-    logits = tree_forward(e.model, cache, prompt[-1], t)
+    logits = tree_forward(e, cache, prompt[-1], t).logits
     for node in range(len(t)):
         ref_cache = make_cache()
         e.prefill(prompt[:-1], ref_cache)
@@ -319,7 +319,7 @@ def test_single_branch_tree_takes_the_plain_forward():
     a, b = e.make_cache(), e.make_cache()
     e.prefill(prompt[:-1], a)
     e.prefill(prompt[:-1], b)
-    got = tree_forward(e.model, a, prompt[-1], TokenTree.chain([5, 6, 7]))
+    got = tree_forward(e, a, prompt[-1], TokenTree.chain([5, 6, 7])).logits
     want = e.forward([prompt[-1], 5, 6, 7], b).logits
     assert mx.array_equal(got, want) and a[0].offset == b[0].offset
 

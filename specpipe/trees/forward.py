@@ -1,10 +1,10 @@
 """One target forward over a flattened token tree (route a in docs/benchmarks.md).
 
-Contract: `tree_forward(model, cache, root_id, tree)` feeds [root, *nodes]
-after the cache's context and returns [n + 1, vocab] float32 logits, row 0
-for the root, row i + 1 for node i. Each node attends to the context, the
+Contract: `tree_forward(engine, cache, root_id, tree)` feeds [root, *nodes]
+after the cache's context and returns the engine's ForwardResult: [n + 1,
+vocab] float32 logits, row 0 for the root, row i + 1 for node i. Each node attends to the context, the
 root and its own ancestors only, and is rotated at position
-`offset + depth`, so its logits (and, with `parts`, its final hidden
+`offset + depth`, so its logits (and, captured, its final hidden
 states) equal those of a plain forward along its own path; in a
 sliding-window layer (gemma3's, or kv=window) a node also sees only the
 positions within the window of its own position, as it would in that
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import overload
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -66,49 +65,30 @@ def tree_refusal(model: nn.Module, cache: list, model_name: str, arch: str) -> s
     return None
 
 
-@overload
-def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree, *, parts: None = None) -> mx.array: ...
-@overload
-def tree_forward(
-    model: nn.Module, cache: list, root_id: int, tree: TokenTree, *, parts: tuple[nn.Module, nn.Module]
-) -> ForwardResult: ...
-def tree_forward(model: nn.Module, cache: list, root_id: int, tree: TokenTree, *, parts=None):
-    """Logits for the root and every node of `tree` (and their final hidden states when asked).
+def tree_forward(engine, cache: list, root_id: int, tree: TokenTree, capture=None) -> ForwardResult:
+    """Logits for the root and every node of `tree`, through `engine.forward` (its captures included).
 
     Args:
-        model: an mlx-lm model whose attention layers own a `rope` child.
+        engine: the target Engine; its model's attention layers own a `rope` child.
         cache: the target cache (KVCache / WindowKVCache layers), extended in place by n + 1.
         root_id: the newest context token (not yet in the cache).
         tree: the draft nodes.
-        parts: (inner model, LM head) from `Engine.hidden_parts()` to hand back the hidden states
-            too (an MTP drafter reads them); None: the model's own call, logits only.
+        capture: as Engine.forward's (HIDDEN: an MTP drafter reads the final hidden states); None: logits only.
 
     Returns:
-        [n + 1, vocab] float32 logits (lazy); with `parts`, a ForwardResult of those logits and
-        the [n + 1, hidden] final hidden states, rows as the logits'.
+        ForwardResult: [n + 1, vocab] float32 logits (lazy), rows as fed (root first); with HIDDEN also
+        the [n + 1, hidden] final hidden states.
     """
     offset = cache[0].offset
-    ids = mx.array([root_id, *tree.tokens], dtype=mx.uint32)[None]
-
-    def run(layer_caches: list) -> ForwardResult:
-        if parts is None:
-            return ForwardResult(logits=model(ids, cache=layer_caches)[0].astype(mx.float32))
-        # as Engine.forward captures them: the inner model's output, then the LM head over it
-        inner, head = parts
-        hidden = inner(ids, cache=layer_caches)
-        return ForwardResult(logits=head(hidden)[0].astype(mx.float32), hidden=hidden[0])
-
+    ids = mx.array([root_id, *tree.tokens], dtype=mx.uint32)
     if tree.parents == list(range(-1, len(tree) - 1)):
         # a single branch (an n-gram with one match, a pruned tree): the plain causal forward, no wrappers
-        result = run(cache)
-        return result if parts is not None else result.logits
+        return engine.forward(ids, cache, capture=capture)
     depths = mx.array([0, *tree.depths()], dtype=mx.int32)  # root first
-    positions = offset + depths
     allowed = mx.array(tree.ancestor_mask())  # [n + 1, n + 1]
     wrapped = [_TreeMaskCache(c, depths, allowed) for c in cache]
-    with _ropes_at(model, positions):
-        result = run(wrapped)
-    return result if parts is not None else result.logits
+    with _ropes_at(engine.model, offset + depths):
+        return engine.forward(ids, wrapped, capture=capture)
 
 
 def keep_path(cache: list, start: int, kept_rows: list[int]) -> None:

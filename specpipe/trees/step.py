@@ -18,6 +18,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from specpipe.engine.engine import HIDDEN
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RolledBack, Verified
 from specpipe.trees.budget import TreeSizer
@@ -40,8 +41,8 @@ class TreeStep:
                 "use tree=chain, or draft=ngram / model / layerskip / mtp / lookahead"
             )
         self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
-        # draft=mtp reads the target's hidden states: the tree forward hands them back (inner model + LM head)
-        self.parts = target.hidden_parts() if drafter.needs_hidden else None
+        # draft=mtp reads the target's hidden states: the tree forward captures them as a chain's verify does
+        self.capture = HIDDEN if drafter.needs_hidden else None
         # the run's budget sizes each tree (trees/budget.py); None: the shape alone decides (scripts, tests).
         # Free: proposing costs no forward (n-gram, lookahead); an MTP head has no engine but runs forwards.
         free = drafter.engine is None and drafter.cost_per_token is None
@@ -88,12 +89,8 @@ class TreeStep:
         # ---- verify + compare: one forward over [last_id, *nodes], the longest path the target agrees with
         s = time.perf_counter()
         start = cache[0].offset
-        hidden = None
-        if self.parts is None:
-            logits = tree_forward(self.target.model, cache, last_id, tree)
-        else:
-            result = tree_forward(self.target.model, cache, last_id, tree, parts=self.parts)
-            logits, hidden = result.logits, result.hidden
+        result = tree_forward(self.target, cache, last_id, tree, self.capture)
+        logits, hidden = result.logits, result.hidden
         verdict = self._compare(tree, logits)
         path_ids = [tree.tokens[i] for i in verdict.path]
         if hidden is not None:
