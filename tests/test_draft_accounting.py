@@ -146,8 +146,7 @@ def test_auto_probes_teach_the_continuation_rate():
 
 
 def test_auto_carries_rates_to_the_next_session_with_the_same_pair(pair, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
-    monkeypatch.setattr(auto_module, "_LEARNED", {})
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))  # conftest's fresh_auto_memory empties the carry-over
     target, draft, _, _ = pair
     drafter = make_drafter("model", target, draft)
     first = prepared(AutoBudget(), target, drafter)
