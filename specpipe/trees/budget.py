@@ -93,7 +93,7 @@ class TreeSizer:
             self._discarded = False
             return self._with_depth(max(2, self.budget.probe_k)), True
         depth, value = self._depth_worth_drafting()
-        if depth > 0 and value < 1 + THIN_GAIN and self.budget.plain_timing_due():
+        if depth > 0 and self._t1_decides(value):
             # decided by a few percent: time a plain step first (before paying for the draft, not after)
             self.decision = self._decide(0, "plain (timing T(1))", 1.0, 0)
             return None, False
@@ -108,6 +108,10 @@ class TreeSizer:
             return self._with_depth(max(2, self.budget.probe_k)), True
         self.decision = self._decide(0, "plain", 1.0, 0)
         return None, False
+
+    def _t1_decides(self, value: float) -> bool:
+        """A gain this thin hangs on T(1), and auto's is not timed well enough yet: a plain step times it."""
+        return value < 1 + THIN_GAIN and self.budget.plain_timing_due()
 
     def _with_depth(self, depth: int) -> TreeShape:
         if self.shape.kind != "dynamic" or depth >= self.shape.depth:
@@ -159,7 +163,7 @@ class TreeSizer:
         plain_reason = "plain"
         if best_n and best < 1 + MIN_GAIN:
             best_n, best_tokens = 0, 1.0  # within the estimates' error: not worth a verify
-        elif best_n and best < 1 + THIN_GAIN and self.budget.plain_timing_due():
+        elif best_n and self._t1_decides(best):
             best_n, best_tokens, plain_reason = 0, 1.0, "plain (timing T(1))"
         if best_n == 0 and probing:
             best_n = min(len(selected), max(2, self.budget.probe_k))
