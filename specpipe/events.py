@@ -73,6 +73,7 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     floor: a model drafter stops before K at a token whose chain is estimated
     to hold with less than this chance (0: it drafts all K; drafters/chain.py
     ChainStop, whose hold rates the Drafted event does not repeat).
+    context_curve: where t_verify came from at a long context (below).
     """
 
     k: int
@@ -84,6 +85,10 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     t_verify: float = 0.0  # T(K+1)/T(1) it used
     evidence: int | None = None
     floor: float = 0.0
+    # how t_verify was priced past the short-context calibration: "timed" (curves specpipe-calibrate cached
+    # at long contexts), "modelled" (none cached yet: the short curve and a context-length model, no timing
+    # on the request's path), "" (a cache shorter than 512 positions: the short-context calibration itself)
+    context_curve: str = ""
 
 
 class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -64,7 +64,11 @@ tokens on code and lost the first one twice in a row).
 
 Constructing the budget measures nothing: `prepare(target, drafter)`, which
 the session calls once after loading, reads the device's calibrated verify
-curve (timed and cached on first use) and the drafter's cost. c starts from
+curve (timed and cached on first use, before any request) and the drafter's
+cost. A request never waits on a timing: at a long context the curve comes
+from what `specpipe-calibrate` cached there, or else from the short curve and
+a context-length model (costmodel/context_curve.py); each decision's
+`context_curve` says which. c starts from
 that calibration (a draft model timed alone on this device; for
 a drafter running part of the target, its share of the target's weight
 bytes) and then follows the run: each step's draft seconds per drafted token
@@ -166,7 +170,7 @@ class AutoBudget(BudgetBase):
         from specpipe.costmodel.calibration import draft_cost, verify_cost_curve
 
         self.ratio = verify_cost_curve(target, self.quick)["ratio"]
-        self._context = ContextCurve(target)  # long contexts: T(n)/T(1) timed there, on first need
+        self._context = ContextCurve(target)  # long contexts: curves specpipe-calibrate timed, else modelled
         self.c = draft_cost(drafter, target, self.quick)
         self.hindsight = drafter.supports_hindsight
         self._drafter = drafter
@@ -175,7 +179,8 @@ class AutoBudget(BudgetBase):
         self.k = self.best_k()
 
     def at_context(self, cache_len: int) -> None:
-        """Price verifies with the curve timed near this cache length; this run's timings still correct it."""
+        """Price verifies with the curve at this cache length (timed by specpipe-calibrate, else modelled:
+        nothing is timed here, on the request's path); this run's timings still correct it."""
         calibrated = self._context.ratio_at(cache_len, self._base) if self._context is not None else self._base
         if calibrated is not self._calibrated:
             self._calibrated, self._curve = calibrated, _monotone(calibrated)
@@ -346,6 +351,7 @@ class AutoBudget(BudgetBase):
             t_verify=round(t_verify, 4),
             evidence=evidence,
             floor=round(self.chain_stop.floor, 4) if self.chain_stop else 0.0,
+            context_curve=self._context.source if self._context is not None else "",
         )
         return k
 

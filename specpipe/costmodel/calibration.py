@@ -11,11 +11,11 @@ at several acceptance rates and saves a PNG plot.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 
 import mlx.core as mx
 
+from specpipe.costmodel import cache_file
 from specpipe.engine.load.model_store import cache_dir
 
 FULL_POINTS = list(range(1, 34))
@@ -81,11 +81,10 @@ def interpolate(measured: dict[int, float], points=FULL_POINTS) -> dict[int, flo
 def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict:
     """{'t1_s': seconds, 'ratio': {n: T(n)/T(1)}, 'measured': {...}}, from cache when possible."""
     path = cache_dir() / "calibration" / f"{calibration_key(engine)}.json"
-    if path.exists() and not refresh:
-        data = json.loads(path.read_text())
-        if quick or data.get("full"):
-            data["ratio"] = {int(k): v for k, v in data["ratio"].items()}
-            return data
+    data = None if refresh else cache_file.read(path, _check_curve)
+    if data is not None and (quick or data.get("full")):
+        data["ratio"] = {int(k): float(v) for k, v in data["ratio"].items()}
+        return data
     measured = time_forwards(engine, QUICK_POINTS if quick else FULL_POINTS, repeats=3)
     data = {
         "model": engine.info.name,
@@ -95,9 +94,16 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
         "measured": measured,
         "ratio": interpolate(measured),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
+    cache_file.write(path, data)
     return data
+
+
+def _check_curve(data: dict) -> None:
+    """A usable cached curve: t1_s and a ratio at 1 .. 33 (a torn or older file has not)."""
+    float(data["t1_s"])
+    ratio = {int(k): float(v) for k, v in data["ratio"].items()}
+    if set(ratio) != set(FULL_POINTS) or ratio[1] != 1.0:
+        raise ValueError(f"ratio at {sorted(ratio)[:3]}...; want 1..{FULL_POINTS[-1]}")
 
 
 def expected_speedup(
