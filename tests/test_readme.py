@@ -40,6 +40,7 @@ CONFIG_NAME = {
     "specpipe-bench": "bench",
     "specpipe-train-drafter": "train_drafter",
     "specpipe-serve": "serve",
+    "specpipe-calibrate": "calibrate",
 }  # else "config"
 
 
