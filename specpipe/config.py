@@ -146,6 +146,13 @@ class PrefillConfig:
 
 
 @dataclass
+class BlasConfig:
+    # OpenBLAS threads; null: the cores other processes leave free at start (engine/load/blas.py). Read from
+    # the command line before Hydra composes (the BLAS loads before MLX), kept here so the snapshot has it
+    threads: int | None = None
+
+
+@dataclass
 class PipelineGroups:
     """The groups every app composes (specpipe, specpipe-bench, specpipe-chat)."""
 
@@ -159,6 +166,7 @@ class PipelineGroups:
     tree: Any = MISSING
     kv: Any = MISSING  # engine/kv.py: full | quantized | window
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    blas: BlasConfig = field(default_factory=BlasConfig)
 
 
 @dataclass

@@ -62,7 +62,7 @@ def test_preload_then_matmul_matches_numpy():
 
 def test_none_gives_reference():
     out = _run(PRELOAD_AND_MATMUL, SPECPIPE_BLAS="none")
-    assert out["info"] == {"name": "reference", "path": None, "notice": None, "threads": None}
+    assert out["info"] == {"name": "reference", "path": None, "notice": None, "threads": None, "reduced": None}
     assert out["maxdiff"] <= 1e-5 * out["scale"] * 192**0.5
 
 
@@ -146,7 +146,7 @@ def test_nothing_found_gives_install_hint(monkeypatch):
     # because with no candidates it loads nothing.
     monkeypatch.setattr(blas, "_openblas_candidates", lambda: [])
     monkeypatch.setattr(blas, "_mkl_candidates", lambda: [])
-    monkeypatch.setattr(blas, "_pip_openblas", lambda: None)
+    monkeypatch.setattr(blas, "_pip_openblas", lambda threads=None: None)
     monkeypatch.delenv("SPECPIPE_BLAS", raising=False)
     info = blas._choose("auto")
     assert info.name == "reference" and info.path is None
@@ -259,8 +259,8 @@ print(json.dumps({"name": info.name, "threads": info.threads, "env": os.environ.
 
 def test_openblas_threads_follow_the_idle_cores_and_a_users_setting_wins():
     # Two threads on a machine whose other core is busy stall at every GEMM (0.8-2.6 vs 15 tok/s).
-    cores = os.cpu_count() or 1
-    assert 1 <= blas._openblas_threads() <= cores
+    cores = blas._cores()
+    assert 1 <= blas._openblas_threads()[0] <= cores
     out = _run(THREADS, SPECPIPE_BLAS=None, OPENBLAS_NUM_THREADS=None, OMP_NUM_THREADS=None)
     if out["name"] != "openblas":
         pytest.skip("no OpenBLAS in this environment")
@@ -268,3 +268,50 @@ def test_openblas_threads_follow_the_idle_cores_and_a_users_setting_wins():
     assert out["env"] is None  # not left for child processes: each judges the load at its own start
     mine = _run(THREADS, SPECPIPE_BLAS=None, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS=None)
     assert mine["threads"] == 1 and mine["env"] == "1"
+
+
+def _fake_loadavg(tmp_path, monkeypatch, line: str, cores: int = 2) -> None:
+    path = tmp_path / "loadavg"
+    path.write_text(line)
+    monkeypatch.setattr(blas, "LOADAVG", str(path))
+    monkeypatch.setattr(blas, "SAMPLE_GAP_S", 0.0)
+    monkeypatch.setattr(blas, "_cores", lambda: cores)
+
+
+def test_two_runs_back_to_back_get_the_same_threads(tmp_path, monkeypatch):
+    """The second of two runs started back to back saw the first in the one-minute load average (1.9 on
+    this 2-core machine) and got one thread; what runs now (only the reader itself) gives both two."""
+    _fake_loadavg(tmp_path, monkeypatch, "0.02 0.10 0.05 1/180 4242\n")
+    first = blas._openblas_threads()
+    _fake_loadavg(tmp_path, monkeypatch, "1.93 0.71 0.30 1/181 4301\n")  # the first run just ended
+    assert blas._openblas_threads() == first == (2, None)
+
+
+def test_a_busy_core_costs_a_thread_and_says_why(tmp_path, monkeypatch):
+    _fake_loadavg(tmp_path, monkeypatch, "0.50 0.40 0.30 2/180 4242\n")  # the reader and one other
+    threads, why = blas._openblas_threads()
+    assert threads == 1 and why == "1 other process running on 2 cores; blas.threads=2 overrides"
+    assert blas.blas_phrase(blas.BlasInfo("openblas", "/x.so", None, 1, why)) == f"BLAS openblas (1 thread: {why})"
+    assert blas._openblas_threads(requested=2) == (2, None)  # blas.threads=2
+
+
+def test_blas_threads_is_read_from_the_command_line():
+    assert blas.requested_threads(["model=tiny-random", "blas.threads=3", "hi"]) == 3
+    assert blas.requested_threads(["++blas.threads=null"]) is None and blas.requested_threads([]) is None
+    with pytest.raises(ValueError, match="blas.threads=0: use a whole number"):
+        blas.requested_threads(["blas.threads=0"])
+
+
+def test_blas_threads_on_the_command_line_sets_openblas_threads(tmp_path):
+    proc = run_module(
+        "specpipe.cli.generate",
+        ["model=tiny-random", "max_tokens=2", "blas.threads=1", "stream=false", "hi"],
+        tmp_path,
+        {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    if "BLAS openblas" not in proc.stderr:
+        pytest.skip("no OpenBLAS in this environment")
+    assert "BLAS openblas (1 thread)" in proc.stderr
+    bad = run_module("specpipe.cli.generate", ["model=tiny-random", "blas.threads=two", "hi"], tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "blas.threads=two" in bad.stderr

@@ -88,9 +88,15 @@ def preload_blas() -> None:
     (and how to get a fast one) is part of the run's header line, so a bad-input error stays one line."""
     try:
         from specpipe.engine.load.blas import preload_blas as preload
+        from specpipe.engine.load.blas import requested_threads
     except ImportError:
         return
-    preload()
+    try:
+        threads = requested_threads(sys.argv[1:])  # blas.threads=N: OpenBLAS reads it once, at load
+    except ValueError as exc:
+        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    preload(threads=threads)
 
 
 def drop_empty_run_folder() -> None:

@@ -27,6 +27,7 @@ class BlasInfo:
     path: str | None
     notice: str | None
     threads: int | None = None  # as the library reports it; None when unknown (reference, Accelerate)
+    reduced: str | None = None  # why fewer threads than cores (other processes were running at load)
 
 
 _HOW_TO_GET = (
@@ -104,29 +105,91 @@ def _mkl_threading_layer(path: str) -> str:
     return "SEQUENTIAL"
 
 
-def _openblas_threads() -> int:
-    """Threads for OpenBLAS: the cores other processes leave idle now (1-minute load), at least one.
+LOADAVG = "/proc/loadavg"  # field 4 is "running/total": tasks on a CPU or ready for one at this instant
+SAMPLES, SAMPLE_GAP_S = 5, 0.01  # a short probe: the fewest running over 40 ms, so a passing task is not load
+
+
+def _cores() -> int:
+    """Cores this process may run on (a container's or taskset's share, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _running_others() -> int | None:
+    """Other tasks running now: the fewest of SAMPLES readings of /proc/loadavg's running count, less this
+    process (the reader is always one of them). None where the file cannot be read (not Linux)."""
+    import time
+
+    counts = []
+    for i in range(SAMPLES):
+        try:
+            with open(LOADAVG) as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, IndexError, ValueError):
+            return None
+        if i + 1 < SAMPLES:
+            time.sleep(SAMPLE_GAP_S)
+    return max(0, min(counts) - 1)
+
+
+def _openblas_threads(requested: int | None = None) -> tuple[int, str | None]:
+    """Threads for OpenBLAS and, when fewer than the cores, why: the cores other processes hold now.
 
     OpenBLAS's pthread workers wait for each other at every GEMM; when another process holds a core, the
     worker scheduled out stalls the rest. On this 2-core VM with a load average of 8, two threads decoded
     SmolLM2 at 0.8-2.6 tok/s and one thread at 15-16 tok/s; on an idle machine both cores are faster
-    (docs/benchmarks.md). Read by OpenBLAS at load time, like make's `-l`.
+    (docs/benchmarks.md). Read by OpenBLAS at load time. The count is what runs at this instant
+    (/proc/loadavg's running tasks, least of a 40 ms probe), not the one-minute load average: that still
+    counts specpipe's own previous run for a minute after it ended, and gave the next run one thread.
+
+    Args:
+        requested: `blas.threads=` on the command line (None: choose).
     """
-    cores = os.cpu_count() or 1
-    try:
-        busy = round(os.getloadavg()[0])
-    except OSError:
-        busy = 0
-    return max(1, min(cores, cores - busy))
+    cores = _cores()
+    if requested is not None:
+        return requested, None
+    others = _running_others()
+    if others is None:
+        return cores, None
+    threads = max(1, min(cores, cores - others))
+    if threads == cores:
+        return threads, None
+    plural = "es" if others != 1 else ""
+    return threads, f"{others} other process{plural} running on {cores} cores; blas.threads={cores} overrides"
 
 
-def _try_load(path: str, name: str) -> BlasInfo | str:
-    """dlopen `path` globally; return BlasInfo on success, else a one-line reason."""
-    chosen_threads = name == "openblas" and not any(
-        v in os.environ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+def requested_threads(argv: list[str]) -> int | None:
+    """`blas.threads=N` among command-line overrides (read before Hydra composes anything: OpenBLAS takes
+    its thread count when it loads, before MLX is imported). None when absent or `null`.
+
+    Raises:
+        ValueError: N is not a whole number from 1 to 256 (the message says what to type).
+    """
+    value = None
+    for arg in argv:
+        key, sep, val = arg.lstrip("+").partition("=")
+        if sep and key == "blas.threads":
+            value = val.strip()
+    if value is None or value.lower() in ("null", "none", ""):
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 256:
+        raise ValueError(f"blas.threads={value}: use a whole number of threads from 1 to 256 (or null: chosen)")
+    return int(value)
+
+
+def _try_load(path: str, name: str, threads: int | None = None) -> BlasInfo | str:
+    """dlopen `path` globally; return BlasInfo on success, else a one-line reason. `threads`: blas.threads."""
+    chosen_threads = name == "openblas" and (
+        threads is not None or not any(v in os.environ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"))
     )
+    why = None
     if chosen_threads:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(_openblas_threads())
+        count, why = _openblas_threads(threads)
+        os.environ["OPENBLAS_NUM_THREADS"] = str(count)
+    if name == "mkl" and threads is not None:
+        os.environ["MKL_NUM_THREADS"] = str(threads)
     if name == "openblas" and "OPENBLAS_CORETYPE" not in os.environ:
         # Read once by OpenBLAS's constructor at dlopen: must be in the environment before loading.
         core = _openblas_coretype()
@@ -153,27 +216,27 @@ def _try_load(path: str, name: str) -> BlasInfo | str:
         return f"{path} has no cblas_sgemm"
     _handles.append(lib)
     get_threads = getattr(lib, "openblas_get_num_threads", None) or getattr(lib, "mkl_get_max_threads", None)
-    return BlasInfo(name, path, None, int(get_threads()) if get_threads else None)
+    return BlasInfo(name, path, None, int(get_threads()) if get_threads else None, why)
 
 
-def _first(paths: list[str], name: str) -> BlasInfo | None:
+def _first(paths: list[str], name: str, threads: int | None = None) -> BlasInfo | None:
     for p in dict.fromkeys(paths):  # de-duplicate, keep order
         if os.sep in p and not os.path.exists(p):
             continue
-        got = _try_load(p, name)
+        got = _try_load(p, name, threads)
         if isinstance(got, BlasInfo):
             return got
     return None
 
 
-def _pip_openblas() -> BlasInfo | None:
+def _pip_openblas(threads: int | None = None) -> BlasInfo | None:
     """OpenBLAS from the `scipy-openblas32` wheel, through its plain-named copy (pip_openblas.py)."""
     from specpipe.engine.load.pip_openblas import unprefixed_library
 
     path = unprefixed_library()
     if isinstance(path, str):
         return None  # no wheel, no LIEF, or no writable cache: MKL is next
-    got = _try_load(str(path), "openblas")
+    got = _try_load(str(path), "openblas", threads)
     return got if isinstance(got, BlasInfo) else None
 
 
@@ -194,7 +257,7 @@ def _already_mapped() -> BlasInfo | None:
     return None
 
 
-def _choose(prefer: str) -> BlasInfo:
+def _choose(prefer: str, threads: int | None = None) -> BlasInfo:
     if prefer == "auto":
         prefer = os.environ.get("SPECPIPE_BLAS", "").strip() or "auto"
     if prefer == "none":
@@ -202,28 +265,30 @@ def _choose(prefer: str) -> BlasInfo:
     if prefer not in ("auto", "openblas", "mkl"):
         # An explicit path: honour it or say why not; don't silently substitute another library.
         name = "mkl" if "mkl" in os.path.basename(prefer) else "openblas"
-        got = _try_load(prefer, name)
+        got = _try_load(prefer, name, threads)
         if isinstance(got, BlasInfo):
             return got
         return BlasInfo("reference", None, f"BLAS {got}; using MLX's reference BLAS (slow)")
     if prefer in ("auto", "openblas"):
-        found = _first(_openblas_candidates(), "openblas") or _pip_openblas()
+        found = _first(_openblas_candidates(), "openblas", threads) or _pip_openblas(threads)
         if found:
             return found
     if prefer in ("auto", "mkl"):
-        found = _first(_mkl_candidates(), "mkl")
+        found = _first(_mkl_candidates(), "mkl", threads)
         if found:
             return found
     what = "optimised BLAS" if prefer == "auto" else prefer
     return BlasInfo("reference", None, f"no {what} found, MLX uses its reference BLAS (slow); {_HOW_TO_GET}")
 
 
-def preload_blas(prefer: str = "auto") -> BlasInfo:
+def preload_blas(prefer: str = "auto", threads: int | None = None) -> BlasInfo:
     """Load an optimised BLAS for MLX; call before the first `import mlx.core`.
 
     Args:
         prefer: "auto" (env SPECPIPE_BLAS, then OpenBLAS, then MKL), "openblas", "mkl",
             "none", or a path to a shared library. SPECPIPE_BLAS takes the same values.
+        threads: `blas.threads=` (requested_threads); None: OPENBLAS_NUM_THREADS if set, else the
+            cores other processes leave free now.
 
     Returns:
         The BLAS in use. `notice` is a one-line hint when the slow reference BLAS is used.
@@ -242,7 +307,7 @@ def preload_blas(prefer: str = "auto") -> BlasInfo:
             "reference", None, "mlx.core was imported before preload_blas(); using MLX's reference BLAS (slow)"
         )
     else:
-        _state = _already_mapped() or _choose(prefer)
+        _state = _already_mapped() or _choose(prefer, threads)
     return _state
 
 
@@ -253,7 +318,8 @@ def blas_phrase(info: BlasInfo) -> str:
     configuration is checked), so a bad-input error stays the only line on stderr.
     """
     if info.name != "reference" or not sys.platform.startswith("linux"):
-        threads = f" ({info.threads} thread{'s' if info.threads != 1 else ''})" if info.threads else ""
+        why = f": {info.reduced}" if info.reduced else ""
+        threads = f" ({info.threads} thread{'s' if info.threads != 1 else ''}{why})" if info.threads else ""
         return f"BLAS {info.name}{threads}"
     fix = "`pip install scipy-openblas32 lief`"
     return f"BLAS reference (slow: {fix} for 15-25x faster CPU matmul)"
