@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpipe.serve.worker import Finished, Job, QueueFull, first_stop
+from specpipe.serve.worker import SHUTTING_DOWN, Finished, Job, QueueFull, cancelled_unstarted, first_stop
 
 IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
 
@@ -120,10 +120,10 @@ class BatchWorker:
         for a in list(self._active):
             self._finish(a, "cancelled")
         for job, _, _ in self._joining:
-            job.out.put(("error", "the server is shutting down"))
+            job.out.put(("error", SHUTTING_DOWN))
         while True:
             try:
-                self._jobs.get_nowait().out.put(("error", "the server is shutting down"))
+                self._jobs.get_nowait().out.put(("error", SHUTTING_DOWN))
             except queue.Empty:
                 break
 
@@ -135,6 +135,7 @@ class BatchWorker:
             self._finish(a, "cancelled")
         for entry in [e for e in self._joining if e[0].cancelled.is_set()]:
             self._joining.remove(entry)
+            entry[0].out.put(("done", cancelled_unstarted(entry[0])))  # its handler logs it and returns
             self._count("specpipe_requests_total", status="cancelled")
         while len(self._active) + len(self._joining) < self.max_batch:
             idle = not self._active and not self._joining
@@ -144,6 +145,8 @@ class BatchWorker:
                 break
             self._gauge("specpipe_queue_length", self._jobs.qsize())
             if job.cancelled.is_set():
+                job.out.put(("done", cancelled_unstarted(job)))
+                self._count("specpipe_requests_total", status="cancelled")
                 continue
             try:
                 joining = self.decoder.begin(job.prompt_ids, job.max_tokens, job.seed, **job.sampling)

@@ -12,9 +12,12 @@ cached) and picks one K per step; every batched step's K and its reasons are a l
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -23,6 +26,8 @@ import specpipe.serve.config  # noqa: F401  (registers serve_schema before any c
 from specpipe.cli.shell import EXIT_CONFIG, fail, hydra_main, hydra_output_dir
 
 TOOL = "specpipe-serve"
+API_KEY_ENV = "SPECPIPE_API_KEY"
+GRACEFUL_S = 10  # after SIGTERM, in-flight responses get this long to be written (decoding stops at once)
 
 
 def main() -> None:
@@ -30,12 +35,13 @@ def main() -> None:
 
 
 def _task(cfg) -> None:
-    from specpipe.serve.http import ServeState, make_server
+    from specpipe.serve.http import ServeState, make_app
     from specpipe.serve.prometheus import Metrics
     from specpipe.session import Session
 
     if not 0 <= cfg.port <= 65535:
         fail(TOOL, f"port={cfg.port}: choose 1..65535 (0: any free port)", EXIT_CONFIG)
+    listen = _listen_policy(cfg)  # before the model loads: a refused address costs no load
     session = Session(cfg)
     out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
@@ -63,36 +69,55 @@ def _task(cfg) -> None:
 
     worker, how = _worker(cfg, session, metrics, log_step)
     try:
-        server = make_server(ServeState(session, worker, session.target.info.name, log, metrics), cfg.host, cfg.port)
+        sock = _bind(cfg.host, cfg.port)
     except OSError as exc:
+        worker.close()
         fail(
             TOOL,
             f"cannot listen on {cfg.host}:{cfg.port} ({exc.strerror}): "
             f"choose another port=, or port=0 for any free one",
             EXIT_CONFIG,
         )
-    host, port = str(server.server_address[0]), server.server_address[1]
+    host, port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
+    policy = listen(port)
+    state = ServeState(session, worker, session.target.info.name, log, metrics)
+    server = _uvicorn(make_app(state, policy))
     stopped = {}
 
-    def stop(signum, _frame):
+    def stop(signum: int) -> None:
         stopped["signal"] = signum
-        threading.Thread(target=server.shutdown, daemon=True).start()  # shutdown() waits for serve_forever
+        # Decoding stops at the next step: in-flight requests end cut (finish_reason "length",
+        # specpipe.cut "shutdown"), waiting ones get a 503; then uvicorn finishes their responses.
+        threading.Thread(target=worker.close, daemon=True).start()
+        server.should_exit = True
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     info = session.target.info
+    shown = f"[{host}]" if ":" in host else host
+    if not policy.hosts:
+        print(
+            f"{TOOL}: listening beyond this machine on {shown}:{port} (allow_remote=true): "
+            "every request needs Authorization: Bearer <api_key>; use TLS (a proxy) on untrusted networks",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         f"{TOOL}: {info.name} ({info.precision}), drafter={session.drafter.name}, "
         f"budget={session.budget_label()}, {how}; "
-        f"OpenAI API on http://{host}:{port}/v1 (chat/completions, completions, models); "
+        f"OpenAI API on http://{shown}:{port}/v1 (chat/completions, completions, models); "
         f"requests -> {out / 'requests.jsonl'}",
         file=sys.stderr,
         flush=True,
     )
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig)
+        await server.serve(sockets=[sock])
+
     try:
-        server.serve_forever(poll_interval=0.2)
+        asyncio.run(serve())
     finally:
-        server.server_close()
         worker.close()
         log_file.close()
         steps_file.close()
@@ -105,9 +130,76 @@ def _task(cfg) -> None:
             flush=True,
         )
         sys.stdout.flush()
-        # Everything is written and closed. Skip interpreter teardown: with connection threads still
-        # alive, MLX / OpenMP destructors at exit have aborted the process (exit -6 instead of 143).
+        # Everything is written and closed. Skip interpreter teardown: with the decoding thread
+        # possibly still alive, MLX / OpenMP destructors at exit have aborted the process (-6, not 143).
         os._exit(143 if sig == signal.SIGTERM else 130)
+
+
+def _listen_policy(cfg):
+    """Who may connect (serve/guard.py), as a function of the bound port; refuses, in one line, a
+    non-loopback host without allow_remote=true and an API key."""
+    from specpipe.serve.guard import is_loopback, policy_for
+
+    key = cfg.api_key or os.environ.get(API_KEY_ENV) or None
+    if not is_loopback(cfg.host):
+        if not cfg.allow_remote:
+            fail(
+                TOOL,
+                f"host={cfg.host} listens beyond this machine: add allow_remote=true and an api_key= "
+                f"(or {API_KEY_ENV}), or use host=127.0.0.1",
+                EXIT_CONFIG,
+            )
+        if not key:
+            fail(
+                TOOL,
+                f"host={cfg.host} with allow_remote=true needs an API key: api_key=... or {API_KEY_ENV}=...",
+                EXIT_CONFIG,
+            )
+    bad = [o for o in cfg.allowed_origins if not str(o).startswith(("http://", "https://")) or str(o).count("/") > 2]
+    if bad:
+        fail(
+            TOOL,
+            f"allowed_origins: {bad[0]!r} is not an origin: write scheme://host[:port], e.g. http://localhost:3000",
+            EXIT_CONFIG,
+        )
+    return lambda port: policy_for(cfg.host, port, bool(cfg.allow_remote), key, [str(o) for o in cfg.allowed_origins])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse a port in TIME_WAIT
+    try:
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _uvicorn(app):
+    """uvicorn with h11 (strict framing: a bad Content-Length or chunked body is a 400), no access log
+    (requests.jsonl is the log), and its own logging above warnings only."""
+    import logging
+
+    import uvicorn
+
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    config = uvicorn.Config(
+        app,
+        http="h11",
+        ws="none",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_S,
+        timeout_keep_alive=5,
+    )
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # ours tell the signals apart
+    return server
 
 
 def _worker(cfg, session, metrics, log_step):

@@ -14,7 +14,11 @@ class ServeConfig(PipelineGroups):
     prompt: PromptConfig = field(
         default_factory=lambda: PromptConfig(text="", chat=True, system=None)
     )  # chat template use; text unused
-    host: str = "127.0.0.1"  # loopback only unless asked: the API has no authentication
+    host: str = "127.0.0.1"  # loopback only unless asked (a non-loopback host needs allow_remote and an api_key)
+    allow_remote: bool = False  # true: listen beyond this machine (host=0.0.0.0); every request then needs the key
+    api_key: str | None = None  # Bearer token clients must send (else env SPECPIPE_API_KEY); never logged
+    # web pages (origins, e.g. http://localhost:3000) allowed to call the API from a browser, with CORS headers
+    allowed_origins: list[str] = field(default_factory=list)
     port: int = 8000  # 0: any free port (printed on start)
     max_tokens: int = 256  # a request's default; a request may ask for up to max_tokens_limit
     max_tokens_limit: int = 4096

@@ -1,22 +1,37 @@
-"""The HTTP layer: routes OpenAI-style requests to the GenerationWorker, JSON or server-sent events.
+"""The HTTP layer: routes OpenAI-style requests to the decoding worker, JSON or server-sent events.
 
-`make_server(state, host, port)` returns a ThreadingHTTPServer (one thread per connection;
-decoding itself happens in the worker's one thread). Routes: GET /v1/models, GET /health,
-GET /metrics (Prometheus text), POST /v1/chat/completions, POST /v1/completions. A bad request
-is a 400 with one line; a full queue a 429; a client that disconnects mid-stream frees its
-batch slot at the next step. Streamed chunks carry `specpipe.tokens` / `specpipe.from_draft`:
-how many tokens the chunk's text took and how many of them were accepted drafts.
+`make_app(state, policy)` returns an ASGI app (Starlette behind `guard.Guard`), served by uvicorn
+with h11 (serve/cli.py): h11 frames every request, so a bad `Content-Length` or a broken chunked
+body is a 400 before any route runs. Routes: GET /v1/models, GET /health, GET /metrics (Prometheus
+text), POST /v1/chat/completions, POST /v1/completions. A bad request is a 400 with one line, an
+unknown `model` a 404, a full queue a 429. Decoding stays on the worker's one thread; its pieces
+reach the event loop through `_Bridge` (call_soon_threadsafe), so no thread waits per request.
+
+Endings: a client that disconnects (streamed or not) is seen by uvicorn at once and its job is
+cancelled, freeing its batch slot at the next step; requests.jsonl logs it `client_disconnected`
+with the tokens decoded until then. A request cut by shutdown is answered `finish_reason: "length"`
+with `specpipe.cut: "shutdown"` (never "stop") and logged `cancelled`. Streamed chunks carry
+`specpipe.tokens` / `specpipe.from_draft`: how many tokens the chunk's text took and how many of
+them were accepted drafts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import secrets
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from specpipe.core.sampling import check_sampling
 from specpipe.engine.context import overflow_message
+from specpipe.serve.guard import Guard, Policy
 from specpipe.serve.openai_api import (
     BadRequest,
     chunk_body,
@@ -27,10 +42,13 @@ from specpipe.serve.openai_api import (
     parse_completion,
 )
 from specpipe.serve.prometheus import Metrics
+from specpipe.serve.templates import encode_chat
 from specpipe.serve.worker import Job, QueueFull
 
-MAX_BODY = 8 << 20  # 8 MiB: a long prompt fits; anything larger is refused before it is read
+MAX_BODY = 8 << 20  # 8 MiB: a long prompt fits; anything larger is refused before it is read whole
 RESULT_TIMEOUT_S = 3600  # a request never waits forever for its worker
+DISCONNECTED_WAIT_S = 60  # how long a left client's job is followed to log what it decoded
+SEED_BITS = 31  # a drawn seed fits every sampler's int
 
 
 class ServeState:
@@ -45,187 +63,273 @@ class ServeState:
         self.temperature = float(s.sampling.temperature)
         self.default_max_tokens = int(s.max_tokens)
         self.max_tokens_limit = int(s.get("max_tokens_limit", 4096))
+        self.aliases = model_aliases(model_name, session)
+        self.followers: set[asyncio.Task] = set()  # jobs of clients that left, followed until they end
 
 
-def make_server(state: ServeState, host: str, port: int) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"state": state})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+def model_aliases(model_name: str, session) -> set[str]:
+    """The `model` values a request may send: the id /v1/models lists, and the names the user started
+    the server with (the config's model name, the path or repo id, the file's name with and without suffix)."""
+    names = {model_name}
+    model_cfg = session.cfg.get("model") or {}
+    for value in (model_cfg.get("name"), model_cfg.get("path"), getattr(session.target.info, "path", "")):
+        if value:
+            names |= {str(value), Path(str(value)).name, Path(str(value)).stem}
+    return {n for n in names if n}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    state: ServeState
-    protocol_version = "HTTP/1.1"
-    server_version = "specpipe-serve"
+def make_app(state: ServeState, policy: Policy):
+    async def models(request: Request) -> Response:
+        data = [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specpipe"}]
+        return _json(200, {"object": "list", "data": data})
 
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
-        pass  # requests are logged as JSON lines by the state's log, not as Apache lines on stderr
+    async def health(request: Request) -> Response:
+        return _json(200, {"status": "ok", "waiting": state.worker.waiting()})
 
-    # ------------------------------------------------------------------ routes
+    async def metrics(request: Request) -> Response:
+        state.metrics.set("specpipe_queue_length", state.worker.waiting())
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
-        if self.path.rstrip("/") == "/v1/models":
-            self._json(
-                200,
-                {
-                    "object": "list",
-                    "data": [{"id": self.state.model_name, "object": "model", "created": 0, "owned_by": "specpipe"}],
-                },
+    async def chat(request: Request) -> Response:
+        return await _complete(state, request, parse_chat)
+
+    async def completions(request: Request) -> Response:
+        return await _complete(state, request, parse_completion)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+
+    async def not_found(request: Request, exc) -> Response:
+        method, path = request.method, request.url.path
+        stripped = path.rstrip("/")
+        for route in routes:  # a trailing slash is the same route (as before), not a redirect
+            if stripped == route.path and method in (route.methods or ()):
+                return await route.endpoint(request)
+        if any(stripped == route.path for route in routes):
+            return _json(405, error_body(f"{method} {path}: not allowed on this route", "invalid_request_error", 405))
+        hint = "try /v1/models" if method == "GET" else "use /v1/chat/completions or /v1/completions"
+        return _json(404, error_body(f"no route {method} {path}: {hint}", "not_found", 404))
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    app.router.redirect_slashes = False
+    return Guard(app, policy)
+
+
+# ---------------------------------------------------------------------- routes
+
+
+def _json(status: int, body: dict) -> Response:
+    return JSONResponse(body, status_code=status)
+
+
+async def _complete(state: ServeState, http: Request, parse) -> Response:
+    route = http.url.path.rstrip("/")
+    try:
+        request = parse(await _body(http))
+        if request.model and request.model not in state.aliases:
+            message = (
+                f"model {request.model!r} is not served here: this server serves {state.model_name!r} "
+                "(GET /v1/models); send that name, or none"
             )
-        elif self.path.rstrip("/") == "/health":
-            self._json(200, {"status": "ok", "waiting": self.state.worker.waiting()})
-        elif self.path.rstrip("/") == "/metrics":
-            self.state.metrics.set("specpipe_queue_length", self.state.worker.waiting())
-            self._send(200, self.state.metrics.render().encode(), "text/plain; version=0.0.4")
-        else:
-            self._json(404, error_body(f"no route GET {self.path}: try /v1/models", "not_found"))
+            state.log({"route": route, "status": 404, "finish_reason": "model_not_found", "error": message})
+            return _json(404, error_body(message, "invalid_request_error", "model_not_found"))
+        job, seed = await run_in_threadpool(_job, state, request)  # tokenizing a long prompt blocks no stream
+        job.out = _Bridge(asyncio.get_running_loop())
+        state.worker.submit(job)
+    except BadRequest as exc:
+        state.metrics.count("specpipe_requests_total", status="bad_request")
+        state.log({"route": route, "status": 400, "finish_reason": "bad_request", "error": str(exc)})
+        return _json(400, error_body(str(exc)))
+    except QueueFull as exc:
+        state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
+        state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
+        return _json(429, error_body(f"busy: {exc}; retry later", "server_busy", 429))
+    rid = new_id(request.kind)
+    if request.stream:
+        return StreamingResponse(
+            _stream(state, request.kind, rid, job, seed),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    return await _whole(state, http, request.kind, rid, job, seed)
 
-    def do_POST(self):  # noqa: N802
-        route = self.path.rstrip("/")
-        parsers = {"/v1/chat/completions": parse_chat, "/v1/completions": parse_completion}
-        if route not in parsers:
-            self._json(
-                404, error_body(f"no route POST {self.path}: use /v1/chat/completions or /v1/completions", "not_found")
-            )
-            return
+
+# ---------------------------------------------------------------------- pieces
+
+
+async def _body(http: Request) -> bytes:
+    length = http.headers.get("content-length")
+    if length is not None and int(length) > MAX_BODY:  # h11 has checked it is a non-negative integer
+        raise BadRequest(f"the body is {length} bytes; at most {MAX_BODY}")
+    data = bytearray()
+    async for chunk in http.stream():  # a chunked body: counted as it comes
+        data += chunk
+        if len(data) > MAX_BODY:
+            raise BadRequest(f"the body is over {MAX_BODY} bytes")
+    return bytes(data)
+
+
+def _job(state: ServeState, request) -> tuple[Job, int | None]:
+    """The worker's job for a parsed request, and the seed it samples with (None: greedy)."""
+    st = state
+    sampling = {}
+    temperature = st.temperature if request.temperature is None else request.temperature
+    if st.per_request_sampling:
+        s = st.session.cfg.sampling
+        top_p = s.top_p if request.top_p is None else request.top_p
+        message = check_sampling(temperature, 0, top_p, 0.0, 0 if request.seed is None else request.seed)
+        if message:
+            raise BadRequest(message.replace("sampling.", ""))
+        sampling = {k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None}
+    elif request.temperature is not None and abs(request.temperature - st.temperature) > 1e-9:
+        how = "sampling=greedy" if st.temperature == 0 else f"sampling.temperature={st.temperature}"
+        raise BadRequest(
+            f"temperature={request.temperature}: this server decodes with {how}; send that "
+            "temperature (or none), or start a server with the sampling you want"
+        )
+    seed = request.seed
+    if temperature > 0 and seed is None:  # a fresh draw per request: two unseeded samples differ
+        seed = secrets.randbits(SEED_BITS)
+    max_tokens = request.max_tokens if request.max_tokens is not None else st.default_max_tokens
+    if not 1 <= max_tokens <= st.max_tokens_limit:
+        raise BadRequest(f"max_tokens={max_tokens}: choose 1..{st.max_tokens_limit}")
+    target = st.session.target
+    if request.kind == "chat":
+        ids = encode_chat(target, request.messages, request.tools, request.uses_tools)
+    else:
+        ids = list(target.tokenizer.encode(request.prompt))
+    if not ids:
+        raise BadRequest("the prompt is empty")
+    overflow = overflow_message(target, len(ids), max_tokens)
+    if overflow:  # a 400 now, not a failure after the request waited in the queue
+        raise BadRequest(overflow)
+    job = Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop, seed=seed, sampling=sampling)
+    return job, (seed if temperature > 0 else None)
+
+
+class _Bridge(queue.Queue):
+    """A job's output queue the worker thread puts into and the event loop awaits: each put is
+    handed to the loop with call_soon_threadsafe."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__()
+        self.loop = loop
+        self.items: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
         try:
-            request = parsers[route](self._body())
-            job = self._job(request)
-            self.state.worker.submit(job)
-        except BadRequest as exc:
-            self.state.metrics.count("specpipe_requests_total", status="bad_request")
-            self.state.log({"route": route, "status": 400, "finish_reason": "bad_request", "error": str(exc)})
-            self._json(400, error_body(str(exc)))
-            return
-        except QueueFull as exc:
-            self.state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
-            self.state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
-            self._json(429, error_body(f"busy: {exc}; retry later", "server_busy"))
-            return
-        rid = new_id(request.kind)
-        if request.stream:
-            self._stream(request.kind, rid, job)
-        else:
-            self._whole(request.kind, rid, job)
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the loop has closed (the server stopped): nobody waits for it
+            pass
 
-    # ------------------------------------------------------------------ pieces
 
-    def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise BadRequest(f"the body is {length} bytes; at most {MAX_BODY}")
-        return self.rfile.read(length)
-
-    def _job(self, request) -> Job:
-        st = self.state
-        sampling = {}
-        if st.per_request_sampling:
-            s = st.session.cfg.sampling
-            temperature = s.temperature if request.temperature is None else request.temperature
-            top_p = s.top_p if request.top_p is None else request.top_p
-            message = check_sampling(temperature, 0, top_p, 0.0, 0 if request.seed is None else request.seed)
-            if message:
-                raise BadRequest(message.replace("sampling.", ""))
-            sampling = {
-                k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None
-            }
-        elif request.temperature is not None and abs(request.temperature - st.temperature) > 1e-9:
-            how = "sampling=greedy" if st.temperature == 0 else f"sampling.temperature={st.temperature}"
-            raise BadRequest(
-                f"temperature={request.temperature}: this server decodes with {how}; send that "
-                "temperature (or none), or start a server with the sampling you want"
-            )
-        max_tokens = request.max_tokens if request.max_tokens is not None else st.default_max_tokens
-        if not 1 <= max_tokens <= st.max_tokens_limit:
-            raise BadRequest(f"max_tokens={max_tokens}: choose 1..{st.max_tokens_limit}")
-        target = st.session.target
-        if request.kind == "chat":
-            ids = target.encode_messages(request.messages)
-        else:
-            ids = list(target.tokenizer.encode(request.prompt))
-        if not ids:
-            raise BadRequest("the prompt is empty")
-        overflow = overflow_message(target, len(ids), max_tokens)
-        if overflow:  # a 400 now, not a failure after the request waited in the queue
-            raise BadRequest(overflow)
-        return Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop, seed=request.seed, sampling=sampling)
-
-    def _results(self, job: Job):
-        """The job's pieces as they come; ends after ("done", Finished) or ("error", message)."""
-        deadline = time.monotonic() + RESULT_TIMEOUT_S
-        while True:
-            try:
-                item = job.out.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                job.cancelled.set()
-                yield ("error", "timed out waiting for the model")
-                return
-            yield item
-            if item[0] != "delta":
-                return
-
-    def _whole(self, kind: str, rid: str, job: Job) -> None:
-        for tag, value in self._results(job):
-            if tag == "error":
-                self.state.log(_error_fields(rid, False, job, value))
-                self._json(500, error_body(value, "server_error"))
-            elif tag == "done":
-                self.state.log({"id": rid, "stream": False, **_log_fields(value)})
-                self._json(200, completion_body(kind, rid, self.state.model_name, value))
-
-    def _stream(self, kind: str, rid: str, job: Job) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        model = self.state.model_name
+async def _results(job: Job):
+    """The job's pieces as they come; ends after ("done", Finished) or ("error", message)."""
+    items = job.out.items  # type: ignore[attr-defined]  # a _Bridge (make_app sets it)
+    while True:
         try:
-            if kind == "chat":
-                self._event(
-                    chunk_body(kind, rid, model, None)
-                    | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-                )
-            for tag, value in self._results(job):
-                if tag == "delta":
-                    body = chunk_body(kind, rid, model, getattr(value, "text", value))
-                    if hasattr(value, "from_draft"):  # a client may highlight the accepted drafts
-                        body["specpipe"] = {"tokens": value.tokens, "from_draft": value.from_draft}
-                    self._event(body)
-                elif tag == "error":
-                    self.state.log(_error_fields(rid, True, job, value))
-                    self._event(error_body(value, "server_error"))
-                else:
-                    self.state.log({"id": rid, "stream": True, **_log_fields(value)})
-                    self._event(chunk_body(kind, rid, model, None if kind == "chat" else "", finished=value))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            job.cancelled.set()  # the client left: stop decoding for it at the next step
-            self.state.log(
-                {
-                    "id": rid,
-                    "stream": True,
-                    "finish_reason": "client_disconnected",
-                    "prompt_tokens": len(job.prompt_ids),
-                }
+            item = await asyncio.wait_for(items.get(), timeout=RESULT_TIMEOUT_S)
+        except TimeoutError:
+            job.cancelled.set()
+            yield ("error", "timed out waiting for the model")
+            return
+        yield item
+        if item[0] != "delta":
+            return
+
+
+async def _whole(state: ServeState, http: Request, kind: str, rid: str, job: Job, seed: int | None) -> Response:
+    """Waits for the answer while watching the socket: a client that leaves cancels its job."""
+    gone = asyncio.create_task(_disconnected(http))
+    answer = asyncio.create_task(_last(job))
+    try:
+        await asyncio.wait({gone, answer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not answer.done():
+        job.cancelled.set()
+        _follow(state, rid, False, job, answer)
+        return Response(status_code=499)  # nobody reads it: uvicorn drops it with the closed socket
+    tag, value = answer.result()
+    if tag == "error":
+        state.log(_error_fields(rid, False, job, value))
+        status = 503 if value.startswith("the server is shutting down") else 500
+        return _json(status, error_body(value, "server_error", status))
+    state.log({"id": rid, "stream": False, **_log_fields(value)})
+    return _json(200, completion_body(kind, rid, state.model_name, value, seed))
+
+
+async def _last(job: Job):
+    last = None
+    async for item in _results(job):
+        last = item
+    return last
+
+
+async def _disconnected(http: Request) -> None:
+    """Returns when the client has gone (the body is read: the next ASGI message is the disconnect)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | None):
+    """The SSE body. Starlette cancels it when the client disconnects: `finally` cancels the job."""
+    model = state.model_name
+    ended = False
+    try:
+        if kind == "chat":
+            yield _event(
+                chunk_body(kind, rid, model, None)
+                | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
             )
+        async for tag, value in _results(job):
+            if tag == "delta":
+                body = chunk_body(kind, rid, model, getattr(value, "text", value))
+                if hasattr(value, "from_draft"):  # a client may highlight the accepted drafts
+                    body["specpipe"] = {"tokens": value.tokens, "from_draft": value.from_draft}
+                yield _event(body)
+            elif tag == "error":
+                ended = True
+                state.log(_error_fields(rid, True, job, value))
+                yield _event(error_body(value, "server_error", 503 if "shutting down" in value else 500))
+            else:
+                ended = True
+                state.log({"id": rid, "stream": True, **_log_fields(value)})
+                yield _event(chunk_body(kind, rid, model, None if kind == "chat" else "", finished=value, seed=seed))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not ended:  # the client left before the end: stop decoding for it at the next step
+            job.cancelled.set()
+            _follow(state, rid, True, job, asyncio.ensure_future(_last(job)))
 
-    def _event(self, body: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
-        self.wfile.flush()
 
-    def _json(self, status: int, body: dict) -> None:
-        self._send(status, json.dumps(body).encode(), "application/json")
+def _follow(state: ServeState, rid: str, stream: bool, job: Job, answer: asyncio.Future) -> None:
+    """Log a left client's request once its job ends (at the worker's next step): what it decoded."""
 
-    def _send(self, status: int, data: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    async def follow():
+        record = {"id": rid, "stream": stream, "finish_reason": "client_disconnected"}
+        try:
+            item = await asyncio.wait_for(answer, timeout=DISCONNECTED_WAIT_S)
+        except (TimeoutError, asyncio.CancelledError):
+            item = None
+        if item is not None and item[0] == "done":
+            record |= {k: v for k, v in _log_fields(item[1]).items() if k != "finish_reason"}
+        else:
+            record["prompt_tokens"] = len(job.prompt_ids)
+        state.log(record)
+
+    task = asyncio.ensure_future(follow())
+    state.followers.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(state.followers.discard)
+
+
+def _event(body: dict) -> bytes:
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def _error_fields(rid: str, stream: bool, job: Job, message: str) -> dict:

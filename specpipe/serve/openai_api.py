@@ -18,9 +18,28 @@ class BadRequest(ValueError):
     """The request cannot be served as sent; the message says which field and why."""
 
 
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str | dict = ""
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
 class Message(msgspec.Struct):
     role: str
-    content: str
+    content: str | list[ContentPart] | None = None  # a string, or text parts as the OpenAI SDK sends them
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer to one of them
 
 
 class ChatBody(msgspec.Struct):
@@ -34,6 +53,9 @@ class ChatBody(msgspec.Struct):
     top_p: float | None = None
     seed: int | None = None
     n: int = 1
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None  # the functions the chat template may show the model
 
 
 class CompletionBody(msgspec.Struct):
@@ -46,6 +68,8 @@ class CompletionBody(msgspec.Struct):
     top_p: float | None = None
     seed: int | None = None
     n: int = 1
+    logprobs: int | None = None
+    echo: bool = False
 
 
 class Request(msgspec.Struct, kw_only=True):
@@ -58,31 +82,44 @@ class Request(msgspec.Struct, kw_only=True):
     temperature: float | None
     top_p: float | None = None
     seed: int | None = None
+    model: str | None = None
+    tools: list[dict] | None = None
+    uses_tools: bool = False  # a message is a tool's answer or carries tool calls (the template must know them)
 
 
 def parse_chat(body: bytes) -> Request:
     b = _decode(body, ChatBody)
     if not b.messages:
         raise BadRequest("messages is empty: send at least one {'role': 'user', 'content': '...'}")
-    roles = {m.role for m in b.messages} - {"system", "user", "assistant"}
+    roles = {m.role for m in b.messages} - {"system", "developer", "user", "assistant", "tool"}
     if roles:
-        raise BadRequest(f"messages: unknown role {sorted(roles)[0]!r}: use system, user or assistant")
+        raise BadRequest(f"messages: unknown role {sorted(roles)[0]!r}: use system, user, assistant or tool")
     _check_common(b.n)
+    if b.logprobs or b.top_logprobs:
+        raise BadRequest(_NO_LOGPROBS)
+    messages = [_message(i, m) for i, m in enumerate(b.messages)]
     return Request(
         kind="chat",
-        messages=[{"role": m.role, "content": m.content} for m in b.messages],
+        messages=messages,
         max_tokens=b.max_completion_tokens or b.max_tokens,
         stream=b.stream,
         stop=_stops(b.stop),
         temperature=b.temperature,
         top_p=b.top_p,
         seed=b.seed,
+        model=b.model,
+        tools=b.tools or None,
+        uses_tools=any("tool_calls" in m or m["role"] == "tool" for m in messages),
     )
 
 
 def parse_completion(body: bytes) -> Request:
     b = _decode(body, CompletionBody)
     _check_common(b.n)
+    if b.logprobs is not None:
+        raise BadRequest(_NO_LOGPROBS)
+    if b.echo:
+        raise BadRequest("echo=true: this server does not return the prompt with the answer; drop echo")
     return Request(
         kind="text",
         prompt=b.prompt,
@@ -92,7 +129,34 @@ def parse_completion(body: bytes) -> Request:
         temperature=b.temperature,
         top_p=b.top_p,
         seed=b.seed,
+        model=b.model,
     )
+
+
+_NO_LOGPROBS = "logprobs: this server does not return token log-probabilities; drop logprobs / top_logprobs"
+
+
+def _message(i: int, m: Message) -> dict:
+    """One message as a chat template takes it: content a string (text parts joined), tool fields kept."""
+    if isinstance(m.content, list):
+        other = sorted({p.type for p in m.content} - {"text"})
+        if other:
+            raise BadRequest(f"messages[{i}].content: a {other[0]!r} part; this server reads text parts only")
+        content = "".join(p.text or "" for p in m.content)
+    else:
+        content = m.content or ""
+    if m.content is None and not m.tool_calls:
+        raise BadRequest(f"messages[{i}]: no content; send 'content': '...'")
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise BadRequest(f"messages[{i}]: tool_calls belong to an assistant message, not {m.role!r}")
+        out["tool_calls"] = [msgspec.to_builtins(c) for c in m.tool_calls]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id or ""
+    if m.name:
+        out["name"] = m.name
+    return out
 
 
 def _decode(body: bytes, kind):
@@ -123,7 +187,7 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def completion_body(kind: str, rid: str, model: str, finished) -> dict:
+def completion_body(kind: str, rid: str, model: str, finished, seed: int | None = None) -> dict:
     choice = {"index": 0, "finish_reason": _reason(finished.finish_reason), "logprobs": None}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": finished.text}
@@ -136,11 +200,11 @@ def completion_body(kind: str, rid: str, model: str, finished) -> dict:
         "model": model,
         "choices": [choice],
         "usage": usage(finished),
-        "specpipe": specpipe_figures(finished),
+        "specpipe": specpipe_figures(finished, seed),
     }
 
 
-def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None) -> dict:
+def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None, seed: int | None = None) -> dict:
     """One streamed piece; `finished` set on the last one (finish_reason, usage, figures)."""
     if kind == "chat":
         choice = {"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": None}
@@ -156,7 +220,7 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None)
     if finished is not None:
         choice["finish_reason"] = _reason(finished.finish_reason)
         body["usage"] = usage(finished)
-        body["specpipe"] = specpipe_figures(finished)
+        body["specpipe"] = specpipe_figures(finished, seed)
     return body
 
 
@@ -168,13 +232,21 @@ def usage(finished) -> dict:
     }
 
 
-def specpipe_figures(finished) -> dict:
-    return {**finished.stats, "queue_s": finished.queue_s}
+def specpipe_figures(finished, seed: int | None = None) -> dict:
+    figures = {**finished.stats, "queue_s": finished.queue_s}
+    if seed is not None:  # the seed this request was sampled with (drawn fresh when it sent none)
+        figures["seed"] = seed
+    if finished.finish_reason == "cancelled":
+        figures["cut"] = "shutdown"
+    return figures
 
 
 def _reason(reason: str) -> str:
-    return "stop" if reason == "cancelled" else reason
+    # Only a request cut by the server's shutdown reaches a client as "cancelled" (a client that left
+    # reads nothing): it did not end on its own, so it must not look finished ("stop"). "length" is what
+    # OpenAI clients already treat as "cut short"; the `specpipe.cut` field says why.
+    return "length" if reason == "cancelled" else reason
 
 
-def error_body(message: str, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind}}
+def error_body(message: str, kind: str = "invalid_request_error", code: int | str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "code": code}}

@@ -33,8 +33,16 @@ class Job:
     out: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client went away
     submitted: float = field(default_factory=time.perf_counter)
-    seed: int | None = None  # this request's sampling seed (batched serving; None: the server's)
+    seed: int | None = None  # this request's sampling seed (None: the server's)
     sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
+
+
+def cancelled_unstarted(job: Job) -> Finished:
+    """What a job whose client left before it was decoded ends with: nothing generated."""
+    return Finished("", "cancelled", len(job.prompt_ids), 0, {}, time.perf_counter() - job.submitted)
+
+
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class QueueFull(Exception):
@@ -46,6 +54,7 @@ class GenerationWorker:
         self.session = session
         self.metrics = metrics
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="specpipe-generate", daemon=True)
         self._thread.start()
 
@@ -60,15 +69,30 @@ class GenerationWorker:
     def waiting(self) -> int:
         return self._jobs.qsize()
 
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=30)
+    def close(self, timeout: float = 30) -> None:
+        """Stop at the next step: the request being decoded ends as cancelled, waiting ones get an error."""
+        self._closing.set()
+        self._thread.join(timeout=timeout)
 
     # ------------------------------------------------------------------ the decoding thread
 
     def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            if job is None:
+                return
+            if self._closing.is_set():
+                job.out.put(("error", SHUTTING_DOWN))
+                continue
             if job.cancelled.is_set():
+                job.out.put(("done", cancelled_unstarted(job)))
+                if self.metrics:
+                    self.metrics.count("specpipe_requests_total", status="cancelled")
                 continue
             if self.metrics:
                 self.metrics.set("specpipe_queue_length", self._jobs.qsize())
@@ -89,8 +113,10 @@ class GenerationWorker:
         hold = max((len(s) for s in job.stop), default=1) - 1  # a stop string may still be forming
         finished = None
         meter = _Meter(self.metrics, job.submitted)
+        if job.seed is not None:  # this thread owns the session: the request's seed for this generation
+            self.session.sampler.seed = job.seed
         for event in self.session.generate(job.prompt_ids, max_tokens=job.max_tokens, control=control):
-            if job.cancelled.is_set():
+            if job.cancelled.is_set() or self._closing.is_set():
                 control.stop_requested = True
             if isinstance(event, Drafted):
                 meter.drafted(event.k)
@@ -116,7 +142,7 @@ class GenerationWorker:
         if len(text) > sent:
             job.out.put(("delta", text[sent:]))
         reason = {"eos": "stop", "max_tokens": "length"}.get(finished.stop_reason, "stop")
-        if job.cancelled.is_set():
+        if job.cancelled.is_set() or self._closing.is_set():
             reason = "cancelled"
         s = finished.stats
         meter.finished("cancelled" if reason == "cancelled" else "ok", s.drafted, s.accepted)
