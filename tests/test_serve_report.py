@@ -1,4 +1,4 @@
-"""`specpipe-bench-report` on scripts/bench_serve.py's JSONL: a small recorded run (tiny random model,
+"""`specpipe-bench-report` on specpipe-bench-serve's JSONL: a small recorded run (tiny random model,
 2 variants, concurrency 1 and 2, 2 repeats) -> the concurrency table, speed-up vs concurrency and
 the inter-token latency CDF per concurrency."""
 

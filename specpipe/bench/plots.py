@@ -135,7 +135,7 @@ def _save(fig, path: Path) -> str:
     return str(path)
 
 
-# ---------------------------------------------------------------- concurrency (scripts/bench_serve.py)
+# ---------------------------------------------------------------- concurrency (specpipe-bench-serve)
 
 
 def draw_concurrency(levels: list[dict], out_dir: str | Path) -> list[str]:

@@ -5,7 +5,7 @@ PNG plots (plots.py).
 Contract: reads only the JSONL (every `bench.jsonl` under DIR, or DIR itself
 when it is a file); never imports mlx. Aggregates are pooled over prompts:
 rates from summed counts, speed-up as the geometric mean of per-prompt ratios.
-A JSONL of scripts/bench_serve.py (concurrency levels) gets its own report
+A JSONL of specpipe-bench-serve (concurrency levels) gets its own report
 (serve_report.py): speed-up vs concurrency and the latency CDF per concurrency.
 """
 
@@ -24,7 +24,7 @@ from specpipe.bench.serve_report import is_serve_record
 
 
 def find_results(target: Path) -> list[Path]:
-    """A file as given (bench.jsonl, or scripts/bench_serve.py's JSONL), else every bench.jsonl under a folder."""
+    """A file as given (bench.jsonl, or specpipe-bench-serve's JSONL), else every bench.jsonl under a folder."""
     if target.is_file():
         return [target]
     return sorted(target.rglob("bench.jsonl"))
@@ -451,7 +451,7 @@ def write_report(target: str | Path) -> Path:
     if not records:
         raise FileNotFoundError(f"no benchmark results (bench.jsonl) under {target}")
     out_dir = target if target.is_dir() else target.parent
-    if all(is_serve_record(r) for r in records):  # scripts/bench_serve.py: one line per concurrency level
+    if all(is_serve_record(r) for r in records):  # specpipe-bench-serve: one line per concurrency level
         return _write_serve_report(records, out_dir, sources)
     groups = group_by_config(records)
     summaries = [summarize(rs) for rs in groups.values()]

@@ -1,4 +1,4 @@
-"""The concurrency benchmark's report: scripts/bench_serve.py JSONL -> tables and plots.
+"""The concurrency benchmark's report: specpipe-bench-serve's JSONL -> tables and plots.
 
 Contract: `is_serve_record(r)` tells a bench_serve line (one per variant, concurrency and repeat)
 from a specpipe-bench line; `summarize_levels(records)` pools the repeats of each (model,
