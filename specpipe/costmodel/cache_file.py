@@ -30,7 +30,8 @@ def read(path: Path, check: Callable[[dict], object] | None = None) -> dict | No
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        return _unusable(path, f"unreadable ({type(exc).__name__})")
+        _unusable(path, f"unreadable ({type(exc).__name__})")
+        return None
     try:
         data = json.loads(text)
         if not isinstance(data, dict):
@@ -38,9 +39,11 @@ def read(path: Path, check: Callable[[dict], object] | None = None) -> dict | No
         if check is not None:
             check(data)
     except json.JSONDecodeError:
-        return _unusable(path, "torn or not JSON")
+        _unusable(path, "torn or not JSON")
+        return None
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        return _unusable(path, f"stale ({type(exc).__name__}: {exc})")
+        _unusable(path, f"stale ({type(exc).__name__}: {exc})")
+        return None
     return data
 
 
@@ -70,4 +73,3 @@ def write(path: Path, data: dict) -> None:
 
 def _unusable(path: Path, why: str) -> None:
     print(f"specpipe: cache {path} is {why}; measuring it again", file=sys.stderr)
-    return None

@@ -17,6 +17,8 @@ touches a run's cache.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 
 from specpipe.costmodel import cache_file
@@ -115,7 +117,7 @@ def _path(engine):
 
 def _decoded(data: dict) -> dict[int, dict]:
     """The cached file's curves with integer keys; KeyError / ValueError on a file of another layout."""
-    curves = {
+    curves: dict[int, dict] = {
         int(c): {"t1_s": float(v["t1_s"]), "ratio": {int(n): float(r) for n, r in v["ratio"].items()}}
         for c, v in data.items()
     }
@@ -133,7 +135,7 @@ def context_cost(engine) -> tuple[float, float] | None:
     heads of 64, float32): 46 KB per position against 538 MB of weights, a = 1.3e-4, b = 6.9e-5."""
     from specpipe.costmodel.weights import weight_bytes
 
-    args = getattr(engine.model, "args", None)
+    args: Any = getattr(engine.model, "args", None)
     try:
         layers = int(args.num_hidden_layers)
         heads = int(args.num_attention_heads)
