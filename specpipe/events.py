@@ -60,6 +60,16 @@ class PrefillDone(Base, frozen=True, kw_only=True):  # frozen restated: mypy rea
     draft_seconds: float = 0.0
 
 
+class DraftPrefilled(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
+    """A draft model read the prompt (`tokens` of context) after the target's first token was out: its
+    prefill waits for it, so the first token comes as fast as plain decoding's. Like the prefill it is,
+    `seconds` counts in the run's draft prefill, not in decode tok/s; a reader sees it as the wait for the
+    second step's tokens."""
+
+    tokens: int
+    seconds: float
+
+
 class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     """Why a budget chose this step's K (budget=auto): what a user needs to see it reason.
 
@@ -67,7 +77,8 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     draft bought on thin evidence or on the probe schedule; `predicted` is then
     the cost model's figure for that K), "plain" (no K beats plain decoding),
     "override" (RunControl set K), "cap" (a free drafter that classifies its
-    drafts may propose up to K; found nothing to propose).
+    drafts may propose up to K; found nothing to propose), "first token" (a
+    plain first step: a draft model prefills after it, see DraftPrefilled).
     evidence: the class of the draft in hand when K was fitted to it (n-gram:
     the matched suffix length); the rates are then that class's.
     floor: a model drafter stops before K at a token whose chain is estimated
@@ -227,9 +238,31 @@ class RunError(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads 
     message: str
 
 
-Event = RunStarted | PrefillProgress | PrefillDone | Drafted | Verified | RolledBack | Emitted | RunFinished | RunError
+Event = (
+    RunStarted
+    | PrefillProgress
+    | PrefillDone
+    | DraftPrefilled
+    | Drafted
+    | Verified
+    | RolledBack
+    | Emitted
+    | RunFinished
+    | RunError
+)
 
-EVENT_TYPES = (RunStarted, PrefillProgress, PrefillDone, Drafted, Verified, RolledBack, Emitted, RunFinished, RunError)
+EVENT_TYPES = (
+    RunStarted,
+    PrefillProgress,
+    PrefillDone,
+    DraftPrefilled,
+    Drafted,
+    Verified,
+    RolledBack,
+    Emitted,
+    RunFinished,
+    RunError,
+)
 
 
 class EventWriter:

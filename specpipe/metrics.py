@@ -18,6 +18,7 @@ import sys
 
 from specpipe.events import (
     Drafted,
+    DraftPrefilled,
     Emitted,
     Event,
     LatencyStats,
@@ -55,6 +56,7 @@ class StatsCollector:
         self._first_emit_t: float | None = None
         self._last_emit_t = 0.0
         self._prefill_end_t = 0.0
+        self._deferred_s = 0.0  # DraftPrefilled seconds inside the decode window
 
     def consume(self, event: Event) -> None:
         if isinstance(event, RunStarted):
@@ -66,6 +68,11 @@ class StatsCollector:
             self.draft_prefill_s = event.draft_seconds
             self._prefill_end_t = event.t
             self._last_emit_t = event.t
+        elif isinstance(event, DraftPrefilled):
+            # a draft model's prefill after the first token: prefill, not decoding (mlx-lm's anchor prefills
+            # its draft before its clock too); the wait shows in the gap before the next tokens
+            self.draft_prefill_s += event.seconds
+            self._deferred_s += event.seconds
         elif isinstance(event, Drafted):
             self.drafted += len(event.draft_ids)
             self.hindsight_checked += len(event.hindsight_ids)
@@ -109,7 +116,7 @@ class StatsCollector:
         """Figures so far. `draft_forwards` overrides the events' sum (recordings made before it was kept)."""
         by = self.forwards_by
         generated = len(self.token_ids)
-        decode_s = self._last_emit_t - self._prefill_end_t
+        decode_s = self._last_emit_t - self._prefill_end_t - self._deferred_s
         return RunStats(
             prompt_tokens=self.prompt_tokens,
             generated_tokens=generated,

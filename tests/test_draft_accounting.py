@@ -101,7 +101,10 @@ def test_auto_logs_each_decision(pair, tmp_path, monkeypatch):
     drafter = make_drafter("model", target, draft)
     events, _ = run_twice(target, drafter, prepared(AutoBudget(), target, drafter), prompt)
     steps = [e for e in events if isinstance(e, Drafted)]
-    for e in steps:
+    # a draft model's first step is plain, before its prefill (the first token as fast as plain decoding's)
+    firsts = [e for e in steps if e.decision is not None and e.decision.reason == "first token"]
+    assert firsts and all(e.step == 1 and e.k == 0 and not e.draft_ids for e in firsts)
+    for e in (e for e in steps if e not in firsts):
         d = e.decision
         assert d is not None and d.reason in ("cost model", "probe", "plain")
         assert e.k <= d.k and 0 <= d.alpha <= 1 and 0 <= d.continuation <= 1 and d.c > 0 and d.t_verify >= 1

@@ -103,6 +103,9 @@ def exact_joint(target, sampler, prompt):
 
 def sample_pairs(target, drafter, comparator_cls, sampler, prompt, k=2, rollback=None):
     rollback = rollback or TrimRollback()
+    # two tokens per run: a draft model's plain first step (its prefill waits for the first token) would leave
+    # no room for a draft, and the comparator under test would never run
+    drafter.prefill_after_first_token = False
     pipe = SpeculativePipeline(
         target, drafter, FixedBudget(k=k), comparator_cls(sampler=sampler), rollback, SampledBonus(sampler=sampler)
     )

@@ -28,6 +28,7 @@ from specpipe.engine.kv import kv_figures
 from specpipe.events import (
     BudgetDecision,
     Drafted,
+    DraftPrefilled,
     Emitted,
     Event,
     PrefillDone,
@@ -122,7 +123,10 @@ class SpeculativePipeline:
                 if len(context) - 1 > self.target.prefill_chunk:  # a long prompt: say how far it got
                     yield emit(PrefillProgress(t=clock(), tokens=done, total=len(context) - 1))
             target_s, s = time.perf_counter() - s, time.perf_counter()
-            self.drafter.prefill(context)
+            # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
+            deferred = self.drafter.prefill_after_first_token and not wants_hidden
+            if not deferred:
+                self.drafter.prefill(context)
             if wants_hidden:
                 self.drafter.observe_hidden(0, context[:-1], joined_rows(hidden_rows))
             yield emit(
@@ -131,7 +135,7 @@ class SpeculativePipeline:
                     tokens=len(context),
                     seconds=clock(),
                     target_seconds=target_s,
-                    draft_seconds=time.perf_counter() - s,
+                    draft_seconds=0.0 if deferred else time.perf_counter() - s,
                 )
             )
             last_id, step, reason = context[-1], 0, "max_tokens"
@@ -141,7 +145,12 @@ class SpeculativePipeline:
                     reason = "stopped"
                     break
                 step += 1
-                if self.tree_step is not None:
+                first_plain = deferred and step == 1  # the first token before the draft's prefill
+                if deferred and step == 2:
+                    s = time.perf_counter()
+                    self.drafter.prefill(context)
+                    yield emit(DraftPrefilled(t=clock(), tokens=len(context), seconds=time.perf_counter() - s))
+                if self.tree_step is not None and not first_plain:
                     # tree != chain: draft, verify, compare and compact a token tree in trees/step.py
                     for event in self.tree_step.run(step, clock, context, last_id, cache, max_tokens - len(output) - 1):
                         yield emit(event)
@@ -149,7 +158,9 @@ class SpeculativePipeline:
                 else:
                     # ---- draft: never more than the tokens still wanted, minus the bonus
                     decision: BudgetDecision | None
-                    if control.k is not None:
+                    if first_plain:
+                        k, decision = 0, BudgetDecision(k=0, reason="first token")
+                    elif control.k is not None:
                         k, decision = control.k, BudgetDecision(k=control.k, reason="override")
                     else:
                         self.budget.at_context(len(context) - 1)  # the cache holds all but the newest token
@@ -157,7 +168,8 @@ class SpeculativePipeline:
                         decision = self.budget.decision
                     k = min(k, max_tokens - len(output) - 1)
                     # a free lookup beside a model (evidence_is_free) may draft past the model's K, even at K = 0
-                    lookup_k = self.budget.lookup_k if control.k is None and self.drafter.evidence_is_free else 0
+                    free_lookup = control.k is None and self.drafter.evidence_is_free and not first_plain
+                    lookup_k = self.budget.lookup_k if free_lookup else 0
                     lookup_k = min(lookup_k, max_tokens - len(output) - 1)
                     s = time.perf_counter()
                     f0 = self.drafter.forwards
@@ -232,7 +244,7 @@ class SpeculativePipeline:
                     s = time.perf_counter()
                     target_drop = k_eff - n
                     self.rollback.rollback(cache, target_drop, engine=self.target, fed_ids=[last_id, *draft.token_ids])
-                    draft_drop = self.drafter.rollback(len(context) + n)
+                    draft_drop = 0 if first_plain else self.drafter.rollback(len(context) + n)
                     self.budget.observe(k_eff, n, draft_s=draft_s, verify_s=verify_s)
                     yield emit(
                         RolledBack(

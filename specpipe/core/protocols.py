@@ -56,6 +56,10 @@ class Drafter(Protocol):
     # budget=auto prices them at no draft cost and keeps their rates apart from the model's.
     @property
     def evidence_is_free(self) -> bool: ...
+    # True: its prefill runs a model (a draft model), so the pipeline gives the first token from a plain
+    # step and prefills the drafter after it: the first token as fast as plain decoding's
+    @property
+    def prefill_after_first_token(self) -> bool: ...
 
     # A drafter that chains a model (drafters/chain.py) stops where this rule says (the pipeline sets it
     # each step from the budget's `chain_stop`; None: never) and lists its drafted tokens' top probabilities
@@ -101,6 +105,7 @@ class DrafterBase:
     needs_hidden: bool = False
     last_evidence: int | None = None
     evidence_is_free: bool = False
+    prefill_after_first_token: bool = False
     lookup_k: int = 0
     chain_stop: Any = None  # a drafters.chain.ChainStop
     last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
