@@ -221,6 +221,8 @@ class SuiteConfig:
     path: str | None = MISSING  # a JSONL file of {"id", "prompt"} lines; wins over name
     chat: bool = MISSING  # wrap prompts in the model's chat template
     system: str | None = MISSING
+    format: str = "jsonl"  # jsonl ({"id", "prompt"} lines) | spec-bench (Spec-Bench's question.jsonl, first turns)
+    per_category: int | None = None  # spec-bench: this many questions per category, evenly spaced (None: all)
 
 
 @dataclass

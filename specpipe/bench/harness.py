@@ -105,7 +105,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         raise SpecpipeError(
             f"repeats={cfg.repeats}: measure each prompt at least once (repeats=1, or 3 on a noisy machine)"
         )
-    prompts = load_suite(cfg.suite.name, cfg.suite.path, cfg.limit)
+    prompts = load_suite(cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category)
     done = out.done_pairs() if cfg.resume else set()
     pending = [p for p in prompts if (chash, p["id"]) not in done]
     if len(pending) < len(prompts):
@@ -192,6 +192,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "config": snapshot,
             "label": label,
             "prompt_id": prompt["id"],
+            "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
             "baseline": b,

@@ -33,34 +33,57 @@ def suite_names() -> list[str]:
     )
 
 
-def load_suite(name: str, path: str | None = None, limit: int | None = None) -> list[dict]:
-    """Prompts of a suite as [{"id", "prompt"}], in file order.
+def load_suite(
+    name: str,
+    path: str | None = None,
+    limit: int | None = None,
+    fmt: str = "jsonl",
+    per_category: int | None = None,
+) -> list[dict]:
+    """Prompts of a suite as [{"id", "prompt"}] (plus "category" for Spec-Bench), in file order.
 
     Args:
         name: a packaged suite name (code, math, longdoc, prose); ignored when `path` is set.
         path: a JSONL file with one {"id": str, "prompt": str} object per line.
         limit: keep the first `limit` prompts (None: all).
+        fmt: "jsonl" ({"id", "prompt"} lines) or "spec-bench" (Spec-Bench's question.jsonl: spec_bench.py).
+        per_category: Spec-Bench only: this many questions of each of its six categories (None: all).
     """
+    if fmt not in ("jsonl", "spec-bench"):
+        raise SpecpipeError(f'suite.format={fmt}: choose jsonl ({{"id", "prompt"}} lines) or spec-bench')
+    if fmt == "spec-bench" and not path:
+        raise SpecpipeError(
+            "suite.format=spec-bench needs suite.path=question.jsonl "
+            "(Spec-Bench's data/spec_bench/question.jsonl; specpipe does not ship it)"
+        )
     source: Path | str
     if path:
         source = Path(path)
         if not source.is_file():
             raise SpecpipeError(f'suite.path={path} does not exist: give a JSONL file of {{"id", "prompt"}} lines')
-        text = source.read_text(encoding="utf-8")
+        try:
+            text = source.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecpipeError(f"suite.path={path} is not UTF-8 text (byte {exc.start}): give a JSONL file") from exc
     else:
         packaged = resources.files("specpipe.bench.suites") / f"{name}.jsonl"
         if not packaged.is_file():
             raise SpecpipeError(f"unknown suite {name!r}: choose one of {', '.join(suite_names())}, or set suite.path")
         text, source = packaged.read_text(encoding="utf-8"), name
-    prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompts.append({"id": str(row["id"]), "prompt": str(row["prompt"])})
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SpecpipeError(f'suite {source} line {n}: expected {{"id", "prompt"}} JSON ({exc})') from exc
+    if fmt == "spec-bench":
+        from specpipe.bench.spec_bench import read_spec_bench
+
+        prompts = read_spec_bench(text, source, per_category)
+    else:
+        prompts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompts.append({"id": str(row["id"]), "prompt": str(row["prompt"])})
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SpecpipeError(f'suite {source} line {n}: expected {{"id", "prompt"}} JSON ({exc})') from exc
     ids = [p["id"] for p in prompts]
     if len(set(ids)) != len(ids):
         raise SpecpipeError(f"suite {source}: prompt ids must be unique")

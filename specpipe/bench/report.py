@@ -17,6 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from specpipe.bench.categories import category_section
 from specpipe.bench.records import read_records
 from specpipe.bench.serve_report import is_serve_record
 
@@ -79,6 +80,8 @@ def summarize(rs: list[dict]) -> dict:
         "acceptance": _div(sum(s["accepted"] for s in spec), sum(s["drafted"] for s in spec)),
         "tokens_per_forward": _div(sum(s["generated_tokens"] for s in spec), sum(s["steps"] for s in spec)),
         "ttft_s": mean([s["ttft_s"] for s in spec]),
+        "base_ttft_s": mean([b["ttft_s"] for b in base]),
+        "ttft_worst": max((s["ttft_s"] / b["ttft_s"] for s, b in zip(spec, base) if b["ttft_s"]), default=0.0),
         "prefill_tok_s": mean([s["prefill_tok_s"] for s in spec]),
         "p50": percentile(gaps, 0.5),
         "p95": percentile(gaps, 0.95),
@@ -229,13 +232,15 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         "# specpipe benchmark report",
         "",
         f"- machine: {dev.get('cpu', dev.get('machine', '?'))}, mlx device {dev.get('mlx_device', '?')}, "
-        f"BLAS {dev.get('blas', '?')}",
+        f"BLAS {dev.get('blas', '?')}" + (f" ({dev['blas_threads']} threads)" if dev.get("blas_threads") else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
         f"- fixed per run: precision {first['label'].get('precision')}, max_tokens {cfg.get('max_tokens')}, batch 1, "
         f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, "
         f"warm-up {cfg.get('warmup')}",
         f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from "
         + ", ".join(str(p) for p in sources),
+        f"- BLAS threads: {dev.get('blas_threads', '?')} (chosen at start from the processes running then; "
+        "`blas.threads=` overrides)",
         "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first "
         "over the time after the first); "
         "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back.",
@@ -259,7 +264,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                 "e2e speed-up",
                 "acceptance",
                 "tok/forward",
-                "TTFT s",
+                "TTFT s plain / spec (worst ratio)",
                 "prefill tok/s",
                 "p50/p95/p99 ms",
                 "peak MiB",
@@ -276,7 +281,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     f"{s['speedup_e2e']:.2f}x",
                     f"{s['acceptance']:.0%}",
                     f"{s['tokens_per_forward']:.2f}",
-                    f"{s['ttft_s']:.2f}",
+                    f"{s['base_ttft_s']:.2f} / {s['ttft_s']:.2f} ({s['ttft_worst']:.2f})",
                     f"{s['prefill_tok_s']:.0f}",
                     f"{s['p50']:.0f}/{s['p95']:.0f}/{s['p99']:.0f}",
                     f"{s['peak_mib']:.0f}",
@@ -380,6 +385,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                 ],
             ),
         ]
+    parts += category_section(groups, config_name)
     parts += ["", "## Verdict", ""] + [f"- {line}" for line in verdicts([r for rs in groups.values() for r in rs])]
     parts += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     parts += ["", "## Per prompt", ""]
@@ -407,6 +413,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     f"{r['baseline']['decode_tok_s']:.2f}",
                     f"{r['spec']['decode_tok_s']:.2f}",
                     f"{r['speedup']:.2f}x",
+                    f"{r['baseline']['ttft_s']:.2f} / {r['spec']['ttft_s']:.2f}",
                     f"{r['spec']['acceptance_rate']:.0%}",
                     r["spec"]["generated_tokens"],
                     flag,
@@ -423,6 +430,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                 "baseline tok/s",
                 "spec tok/s",
                 "speed-up",
+                "TTFT s plain / spec",
                 "acceptance",
                 "tokens",
                 "spec == baseline",

@@ -1,0 +1,113 @@
+"""Spec-Bench's question.jsonl as a bench suite (suite.format=spec-bench): first turns under its six task
+categories, an evenly spaced draw per category, one-line errors, and a report with per-category speed-up,
+mean accepted tokens per step and time to first token beside plain's. The file here is built in Spec-Bench's
+format (question_id, category, turns; the public file is github.com/hemingkx/Spec-Bench
+data/spec_bench/question.jsonl, not shipped with specpipe)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+import specpipe.config  # noqa: F401  (registers the schemas)
+from specpipe.bench.harness import run_bench
+from specpipe.bench.records import load_suite
+from specpipe.bench.report import write_report
+from specpipe.errors import SpecpipeError
+
+# categories as Spec-Bench's file has them: MT-Bench's own eight, then the five other tasks
+CATEGORIES = ["writing", "roleplay", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"]
+
+
+@pytest.fixture
+def questions(tmp_path) -> Path:
+    rows, qid = [], 81
+    for cat in CATEGORIES:
+        for i in range(4):
+            rows.append({"question_id": qid, "category": cat, "turns": [f"{cat} {i}: a b a b a b", "second turn"]})
+            qid += 1
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_first_turns_under_spec_benchs_six_tasks(questions):
+    prompts = load_suite("", str(questions), fmt="spec-bench")
+    assert len(prompts) == 32 and prompts[0] == {
+        "id": "mt_bench-81",
+        "prompt": "writing 0: a b a b a b",
+        "category": "mt_bench",
+    }
+    assert list(dict.fromkeys(p["category"] for p in prompts)) == [
+        "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"
+    ]  # fmt: skip
+
+
+def test_per_category_draws_evenly_spaced_questions_the_same_every_time(questions):
+    drawn = load_suite("", str(questions), fmt="spec-bench", per_category=3)
+    assert len(drawn) == 18 and drawn == load_suite("", str(questions), fmt="spec-bench", per_category=3)
+    mt = [p["id"] for p in drawn if p["category"] == "mt_bench"]
+    assert mt == ["mt_bench-83", "mt_bench-87", "mt_bench-91"]  # rows 2, 6, 10 of 12: writing, roleplay, coding
+    assert [p["id"] for p in drawn if p["category"] == "rag"] == ["rag-109", "rag-111", "rag-112"]
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [('{"question_id": 1, "category": "qa"}', "line 1"), ('{"id": "x", "prompt": "y"}', "Spec-Bench question")],
+)
+def test_a_file_of_another_shape_is_one_line(tmp_path, content, words):
+    path = tmp_path / "q.jsonl"
+    path.write_text(content + "\n")
+    with pytest.raises(SpecpipeError, match=words) as err:
+        load_suite("", str(path), fmt="spec-bench")
+    assert "\n" not in str(err.value)
+
+
+def test_format_and_path_are_checked(tmp_path):
+    with pytest.raises(SpecpipeError, match="needs suite.path"):
+        load_suite("code", None, fmt="spec-bench")
+    with pytest.raises(SpecpipeError, match="suite.format=csv"):
+        load_suite("code", None, fmt="csv")
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpecpipeError, match="not UTF-8"):
+        load_suite("", str(binary))
+
+
+def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    results = tmp_path / "bench.jsonl"
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        cfg = compose(
+            config_name="bench",
+            overrides=[
+                "model=tiny-random",
+                "max_tokens=8",
+                "warmup=false",
+                "anchor=false",
+                "suite.format=spec-bench",
+                f"suite.path={questions}",
+                "suite.per_category=1",
+                "limit=null",
+                "fixed_ks=[2]",
+                f"results={results}",
+            ],
+        )
+    records = run_bench(cfg, results, log=lambda _line: None)
+    assert [r["category"] for r in records] == [
+        "mt_bench",
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+    ]
+    text = write_report(results).read_text()
+    section = text[text.index("## Per category (Spec-Bench)") :]
+    for cat in ("mt_bench", "rag", "all"):
+        assert f"| {cat} | " in section
+    assert "tokens/step" in section and "worst TTFT ratio" in section and "K=2" in section
+    assert "TTFT s plain / spec" in text and "BLAS threads:" in text
