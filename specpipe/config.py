@@ -393,6 +393,10 @@ def register_help_resolvers() -> None:
     from specpipe.run_folder import fresh_dir_resolver
 
     OmegaConf.register_new_resolver("specpipe_fresh_dir", fresh_dir_resolver, replace=True)
+    from specpipe.user_config import search_path
+
+    # every primary config's hydra.searchpath: the presets specpipe-tune wrote (specpipe/user_config.py)
+    OmegaConf.register_new_resolver("specpipe_user_conf", search_path, replace=True)
 
 
 def app_name(primary: str) -> str:

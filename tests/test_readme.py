@@ -27,11 +27,12 @@ MODULES = {
     "specpipe-models": "specpipe.engine.load.model_store",
     "specpipe-bench-report": "specpipe.bench.report",
     "specpipe-serve": "specpipe.serve.cli",
+    "specpipe-tune": "specpipe.tune.cli",
 }
 NEEDS_DOWNLOAD = re.compile(r"qwen|real-pair|/path/to|fetch ")
 TINY = ["model=tiny-random", "+model.tiny.num_hidden_layers=16"]
 # minutes, interactive, or serving until stopped (tests/test_server.py runs it): compose only
-SLOW = ("specpipe-calibrate", "specpipe-train-drafter", "specpipe-chat", "specpipe-serve")
+SLOW = ("specpipe-calibrate", "specpipe-train-drafter", "specpipe-chat", "specpipe-serve", "specpipe-tune")
 # Lines whose documented prerequisite a fresh machine lacks: they must fail with this one-line advice.
 PREREQUISITE = {"draft=mtp": "specpipe-train-drafter"}
 
@@ -41,6 +42,7 @@ CONFIG_NAME = {
     "specpipe-train-drafter": "train_drafter",
     "specpipe-serve": "serve",
     "specpipe-calibrate": "calibrate",
+    "specpipe-tune": "tune",
 }  # else "config"
 
 
@@ -57,6 +59,7 @@ def docs_commands() -> list[str]:
 def compose(words: list[str]) -> str | None:
     """The config check `specpipe ... --cfg job` does, in this process: a one-line message or None."""
     import specpipe.serve.config  # noqa: F401  (the serve schema)
+    import specpipe.tune.config  # noqa: F401  (the tune schema)
     from specpipe.cli.argv import flags_first as _flags_first
     from specpipe.cli.argv import rerun_args, validate_overrides
     from specpipe.cli.prompt_args import expand_prompt_args

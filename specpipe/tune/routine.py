@@ -1,0 +1,142 @@
+"""The seeds' routine, measured through the bench's own loop: each candidate and task kind under
+`budget=auto` beside fixed K = 4 / 8, then longer K only where the later draft positions held.
+
+Contract: `measure_all(cfg, candidates, kinds, results, progress)` calls `specpipe.bench.harness.run_bench`
+for every measurement (it appends each finished prompt to `results` and, with resume, skips the prompts
+already there: an interrupted tune resumes), and returns one Outcome per (candidate, kind): the records of
+each option (auto, K=4, ...) or why the candidate was skipped (a tokenizer that differs, a tree on a
+recurrent target: the bench's own one-line errors). `probe_target` describes the target first:
+architecture, the rollback it needs, the BLAS and the calibrated verify curve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specpipe.errors import ConfigError, SpecpipeError
+from specpipe.tune.plan import Candidate, Kind, bench_node, config_hash_of
+
+
+@dataclass
+class Outcome:
+    candidate: Candidate
+    kind: Kind
+    options: dict[str, list[dict]] = field(default_factory=dict)  # "auto" / "K=8" -> one run dict per prompt
+    skipped: str | None = None  # why nothing was measured
+
+
+# ---------------------------------------------------------------- the target
+
+
+def probe_target(node) -> list[str]:
+    """Lines about the target: what it is, the rollback it needs, the BLAS and the verify curve T(n)/T(1)."""
+    from specpipe.bench.harness import _shared_target  # the bench's one loaded target, reused by every run below
+    from specpipe.costmodel.calibration import verify_cost_curve
+    from specpipe.engine.load.blas import blas_info, blas_phrase
+    from specpipe.rollbacks.layers import kinds, split
+
+    target = _shared_target(node)
+    info = target.info
+    layers = split(target.make_cache())
+    if layers.recurrent:
+        rollback = (
+            f"recurrent layers ({kinds(layers.recurrent)}): rollback=auto checkpoints or recomputes per step "
+            "(docs/rollback.md); token trees are refused"
+        )
+    else:
+        rollback = "attention only: a rejected draft costs a cache truncation (rollback=trim)"
+    curve = verify_cost_curve(target, quick=True)
+    shown = [n for n in (2, 3, 5, 9, 17, 33) if n in curve["ratio"]]
+    points = ", ".join(f"T({n}) {curve['ratio'][n]:.2f}" for n in shown)
+    return [
+        f"target {info.name} ({info.arch}, {info.precision}), {blas_phrase(blas_info())}",
+        f"rollback: {rollback}",
+        f"verify cost over T(1) = {1000 * curve['t1_s']:.0f} ms: {points} (cached per model, precision, device, BLAS)",
+    ]
+
+
+def has_recurrent_layers(node) -> bool:
+    from specpipe.bench.harness import _shared_target
+    from specpipe.rollbacks.layers import split
+
+    return bool(split(_shared_target(node).make_cache()).recurrent)
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def records_of(results: Path, node) -> list[dict]:
+    from specpipe.bench.records import ResultsFile
+
+    chash = config_hash_of(node)
+    return [r for r in ResultsFile(results).records() if r.get("config_hash") == chash]
+
+
+def tail_acceptance(runs: list[dict], k: int) -> float:
+    """Acceptance over draft positions k/2+1..k, pooled over prompts: do long drafts still hold at their end?"""
+    lo = k // 2
+    drafted = sum(sum(run.get("drafted_at", [])[lo:k]) for run in runs)
+    accepted = sum(sum(run.get("accepted_at", [])[lo:k]) for run in runs)
+    return accepted / drafted if drafted else 0.0
+
+
+def measure(cfg, node, results: Path, progress) -> list[dict]:
+    """One bench run (resumed from `results`); its records, every prompt's, including ones measured before."""
+    from specpipe.bench.harness import run_bench
+
+    run_bench(node, results, log=progress.line)
+    found = records_of(results, node)
+    progress.settle(len(found))
+    return found
+
+
+def measure_all(cfg, candidates: list[Candidate], kinds: list[Kind], results: Path, progress) -> list[Outcome]:
+    outcomes = []
+    ks = sorted(set(cfg.ks))
+    for candidate in candidates:
+        for kind in kinds:
+            outcome = Outcome(candidate, kind)
+            outcomes.append(outcome)
+            first = bench_node(cfg, candidate, kind, None, ks, results)
+            progress.plan(outcome_label(outcome), first)
+            try:
+                recs = measure(cfg, first, results, progress)
+            except ConfigError:
+                raise  # the user's own overrides are wrong for every candidate: stop here
+            except SpecpipeError as e:
+                outcome.skipped = str(e)
+                progress.skip(outcome_label(outcome), str(e))
+                continue
+            outcome.options["auto"] = [spec_run(r) for r in recs]
+            for k in ks:
+                outcome.options[f"K={k}"] = [
+                    r["fixed"][str(k)]
+                    | {"prompt_id": r["prompt_id"], "lossless": r["fixed"][str(k)]["first_mismatch"] is None}
+                    for r in recs
+                    if r.get("fixed") and str(k) in r["fixed"]
+                ]
+            last = max(ks) if ks else 0
+            held = tail_acceptance(outcome.options.get(f"K={last}", []), last)
+            for k in sorted(set(cfg.widen_to)):
+                if k <= last or held < cfg.widen_at:
+                    break  # the longest K so far did not hold to its end: a longer one would hold less
+                node = bench_node(cfg, candidate, kind, k, [], results)
+                progress.plan(f"{outcome_label(outcome)} K={k} (K={last}'s later positions held {held:.0%})", node)
+                recs = measure(cfg, node, results, progress)
+                outcome.options[f"K={k}"] = [spec_run(r) for r in recs]
+                held, last = tail_acceptance(outcome.options[f"K={k}"], k), k
+    return outcomes
+
+
+def spec_run(record: dict) -> dict:
+    """A record's speculative run with what the record holds about it: its speed-up and its token check."""
+    return record["spec"] | {
+        "prompt_id": record["prompt_id"],
+        "speedup": record["speedup"],
+        "lossless": record["tokens_match"],
+    }
+
+
+def outcome_label(outcome: Outcome) -> str:
+    return f"{outcome.kind.name}: {outcome.candidate.label()}"

@@ -1,0 +1,34 @@
+"""The user's own config folder, where `specpipe-tune` writes presets that every command then finds.
+
+Contract: `user_config_dir()` is `$SPECPIPE_CONFIG_DIR`, else `$XDG_CONFIG_HOME/specpipe`, else
+`~/.config/specpipe`; `search_path()` (the `specpipe_user_conf` resolver, read by the `hydra.searchpath`
+of every primary config) is that folder as a Hydra search-path entry when it exists, else the packaged
+configs again, because Hydra warns on every run about a search-path folder that does not exist and a
+user who never tuned has none. Nothing here creates a file or a folder, and nothing writes into the
+installed package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PRESET_GROUP = "preset"
+
+
+def user_config_dir() -> Path:
+    """Where the user's presets live (`<dir>/preset/<name>.yaml`)."""
+    if os.environ.get("SPECPIPE_CONFIG_DIR"):
+        return Path(os.environ["SPECPIPE_CONFIG_DIR"]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "specpipe"
+
+
+def search_path() -> str:
+    """`file://<user config dir>` when it exists; else `pkg://specpipe.conf`, an entry that adds nothing."""
+    folder = user_config_dir()
+    return f"file://{folder.resolve()}" if folder.is_dir() else "pkg://specpipe.conf"
+
+
+def user_preset_path(name: str) -> Path:
+    return user_config_dir() / PRESET_GROUP / f"{name}.yaml"

@@ -1,0 +1,94 @@
+"""`specpipe-tune` end to end on a tiny random model: verdicts first, a preset in the user's config folder
+that `specpipe preset=<name>` then runs with, a rerun that skips every finished measurement, and bad
+input as one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import resources
+
+import pytest
+
+ARGS = ["model=tiny-random", "suites=[]", "prompts.file=mine.txt", "prompts.kind=edits", "limit=2", "max_tokens=6"]
+ARGS += ["ks=[4]", "widen_to=[8]", "widen_at=0.0", "save_as=roundtrip"]  # widen_at=0: the widening path runs too
+
+
+def run(module: str, args: list[str], folder, config_dir) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CONFIG_HOME=str(config_dir))
+    env.pop("SPECPIPE_CONFIG_DIR", None)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tune")
+    (folder / "mine.txt").write_text(
+        "Rename x to y in: def f(x): return x + 1\n---\nAdd type hints: def g(a, b): return a * b\n"
+    )
+    config_dir = folder / "config"
+    first = run("specpipe.tune.cli", ARGS, folder, config_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return folder, config_dir, first
+
+
+def test_verdicts_come_first_then_the_table_then_the_preset(tuned):
+    folder, config_dir, first = tuned
+    lines = first.stdout.splitlines()
+    assert lines[0].startswith("edits: "), first.stdout  # one verdict per task kind, before anything else
+    assert "draft=ngram" in lines[0]
+    assert any(line.startswith("| edits | draft=ngram | auto | 2 |") for line in lines), first.stdout
+    assert any(line.startswith("| edits | draft=ngram | K=8 | 2 |") for line in lines), first.stdout  # widened
+    assert "**NO**" not in first.stdout  # every option's output equalled plain decoding's
+    preset = config_dir / "specpipe" / "preset" / "roundtrip.yaml"
+    text = preset.read_text()
+    assert "# @package _global_" in text and "override /draft: ngram" in text and "_target_" not in text
+    assert not resources.files("specpipe.conf").joinpath("preset", "roundtrip.yaml").is_file()  # never in the package
+
+
+def test_the_preset_runs_in_specpipe_and_composes_in_the_server(tuned):
+    folder, config_dir, _ = tuned
+    proc = run("specpipe.cli.generate", ["preset=roundtrip", "max_tokens=3", "hello"], folder, config_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (summary,) = sorted(folder.glob("outputs/*-*-*/*/summary.json"))[-1:]
+    config = (summary.parent / ".hydra" / "config.yaml").read_text()
+    assert "name: tiny-random" in config and "name: ngram" in config, config
+    chosen = json.loads(summary.read_text())
+    assert chosen["stats"]["generated_tokens"] == 3
+    served = run("specpipe.serve.cli", ["preset=roundtrip", "--cfg", "job"], folder, config_dir)
+    assert served.returncode == 0 and "name: tiny-random" in served.stdout, served.stderr[-2000:]
+
+
+def test_a_rerun_skips_every_finished_measurement(tuned):
+    folder, config_dir, first = tuned
+    results = folder / "outputs" / "tune" / "roundtrip.jsonl"
+    before = results.read_text()
+    again = run("specpipe.tune.cli", ARGS, folder, config_dir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert results.read_text() == before  # nothing measured twice
+    assert again.stderr.count("[bench] resume: 2 of 2 prompts already in") == 2, again.stderr  # auto+K=4, then K=8
+    assert again.stdout.splitlines()[0] == first.stdout.splitlines()[0]
+
+
+def test_an_unknown_drafter_is_one_line(tmp_path):
+    proc = run("specpipe.tune.cli", ["model=tiny-random", "drafts=[ngramm]"], tmp_path, tmp_path / "config")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "choose from" in proc.stderr, proc.stderr
+
+
+def test_calibrate_composes_the_run_specpipe_composes():
+    """calibrate.yaml repeats config.yaml's defaults (only a primary config may set the search path)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    import specpipe.config  # noqa: F401  (schemas, resolvers)
+
+    overrides = ["model=tiny-random", "draft=model", "preset=quick"]
+    with initialize_config_module("specpipe.conf", version_base=None):
+        run = OmegaConf.to_container(compose("config", overrides))
+        calibrate = OmegaConf.to_container(compose("calibrate", overrides))
+    assert calibrate.pop("quick") is False and calibrate.pop("contexts") is True
+    assert calibrate == run
