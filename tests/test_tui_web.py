@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import aiohttp
@@ -111,3 +112,150 @@ def test_web_refuses_a_port_in_use(recording):
             timeout=60,
         )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "in use" in result.stderr
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc: the apps textual-serve started, their `sh`)."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":  # a zombie has ended
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+
+    left = set()
+    for pid in pids:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                left.add(pid)
+        except OSError:
+            pass
+    return left
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Origin": "http://evil.example"}, {"Host": "evil.example"}, {"Origin": "null"}],
+    ids=["foreign-origin", "foreign-host", "null-origin"],
+)
+async def test_web_refuses_a_foreign_origin_or_host_and_starts_no_app(recording, headers):
+    with web_server("--replay", str(recording), "--speed", "0") as url:
+        request = urllib.request.Request(url + "/", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as ws_refused:
+                await http.ws_connect(url.replace("http", "ws") + "/ws", headers=headers)
+            assert ws_refused.value.status == 403
+            # this machine's page (its own origin, any loopback spelling) still gets in
+            same = {"Origin": url.replace("127.0.0.1", "localhost")}
+            async with http.ws_connect(url.replace("http", "ws") + "/ws", headers=same) as ws:
+                await ws.send_str(json.dumps(["ping", "1"]))
+                assert "specpipe-chat" in await read_until(ws, ["specpipe-chat"], timeout_s=45)
+        time.sleep(0.5)
+        assert len(descendants(LAST["process"].pid)) <= 2  # only the allowed tab's app (and its sh), if still up
+
+
+async def test_a_tab_that_leaves_during_start_up_ends_its_app(recording):
+    with web_server("--replay", str(recording), "--speed", "0") as url:
+        server = LAST["process"].pid
+        async with aiohttp.ClientSession() as http:
+            ws = await http.ws_connect(url.replace("http", "ws") + "/ws?width=80&height=24")
+            assert wait_for(lambda: descendants(server), 10), "no app process started"
+            apps = descendants(server)
+            await ws.close()  # before the app has drawn anything
+        assert wait_for(lambda: not alive(apps), 15), f"app processes left: {alive(apps)}"
+
+
+async def test_sigterm_to_the_server_ends_every_app(recording):
+    import os
+    import signal
+
+    with web_server("--replay", str(recording)) as url:
+        server = LAST["process"]
+        async with aiohttp.ClientSession() as http:
+            tabs = [await http.ws_connect(url.replace("http", "ws") + "/ws") for _ in range(2)]
+            await tabs[0].send_str(json.dumps(["ping", "1"]))
+            await read_until(tabs[0], ["specpipe-chat"], timeout_s=45)  # one app up, one perhaps still starting
+            apps = descendants(server.pid)
+            assert apps
+            os.kill(server.pid, signal.SIGTERM)  # the server only, not its process group
+            assert server.wait(timeout=30) == 143
+            for ws in tabs:
+                await ws.close()
+        assert wait_for(lambda: not alive(apps), 10), f"app processes outlived the server: {alive(apps)}"
+
+
+# like an app still loading its model: reads no "quit", ignores SIGTERM
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+STUBBORN_APP = f"python -c '{IGNORES_SIGTERM}'"
+
+
+async def test_an_app_that_ignores_quit_and_sigterm_is_killed_with_its_tab_and_with_the_server(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from web_helpers import ROOT, free_port
+
+    port = free_port()
+    serve = f"s = LocalServer({STUBBORN_APP!r}, port={port}); s.serve(); raise SystemExit(s.exit_code)"
+    code = "from tui.web import LocalServer; " + serve
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"ws://127.0.0.1:{port}/ws"
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert wait_for(lambda: _answers(port), 20), "the web server did not start"
+            left = await http.ws_connect(url)
+            assert wait_for(lambda: descendants(server.pid), 10)
+            first = descendants(server.pid)
+            stays = await http.ws_connect(url)
+            assert wait_for(lambda: descendants(server.pid) - first, 10)
+            second = descendants(server.pid) - first
+            await left.close()
+            assert wait_for(lambda: not alive(first), 15), f"the left tab's app survived: {alive(first)}"
+            assert alive(second)
+            os.kill(server.pid, signal.SIGTERM)
+            assert server.wait(timeout=30) == 143
+            await stays.close()
+        assert not alive(second), f"an app outlived the server: {alive(second)}"
+    finally:
+        for pid in alive(descendants(server.pid)):
+            os.kill(pid, signal.SIGKILL)
+        server.kill()
+        server.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+        return True
+    except OSError:
+        return False
