@@ -3,7 +3,8 @@ objects its constructor declares, nothing swallowed.
 
 Contract: `build_plugin(node, group, **runtime)` returns the plug-in; a YAML key its constructor does not
 take (a misspelled option in a user's YAML, a schema ahead of its class) raises ConfigError naming the key
-and the options the plug-in has, and so does `check_plugin_keys` in preflight, before anything loads.
+and the options the plug-in has, and so does `check_plugin_keys` in preflight, before anything loads. A
+`_target_` that is not one of specpipe's own plug-in classes for its group is refused before it is imported.
 Runtime objects are offered per kind (`RUNTIME`) and passed only to constructors that name them; they are
 never YAML keys. Builds nothing but the plug-in: constructors have no side effects (protocols.py).
 """
@@ -17,6 +18,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe.errors import ConfigError
+from specpipe.plugin_targets import check_target
 
 # group -> runtime objects the session offers a plug-in of that kind (by constructor parameter name)
 RUNTIME: dict[str, frozenset[str]] = {
@@ -30,8 +32,13 @@ HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 
 
 def plugin_class(node: DictConfig | dict, group: str) -> Any:
-    """The class (or factory) a node's `_target_` names; ConfigError when it cannot be imported."""
+    """The class (or factory) a node's `_target_` names; ConfigError when it is not one of specpipe's own
+    plug-ins for `group` (checked before anything is imported: plugin_targets.py) or cannot be imported."""
     target = node.get("_target_")
+    if target is not None:
+        refused = check_target(group, target)
+        if refused:
+            raise ConfigError(refused)
     try:
         return get_method(target) if isinstance(target, str) else None
     except Exception as exc:  # noqa: BLE001  (Hydra wraps import errors in several types)

@@ -3,7 +3,9 @@
 
 Contract: `check_config(cfg) -> str | None` takes a composed config of any
 app (specpipe, specpipe-bench, specpipe-train-drafter) and returns one
-actionable line for the first problem, or None. It catches keys the schema
+actionable line for the first problem, or None. It refuses a `_target_` that
+is not one of specpipe's own plug-in classes (plugin_targets.py) before any
+other check imports one, and catches keys the schema
 does not have (`+budget.kk=3`) or a model-free plug-in's constructor does
 not take (Session checks the others' before loading), numbers that are not finite, seeds outside
 0..2^64-1, out-of-range counts, sampling values, budgets, and prompt text
@@ -53,7 +55,7 @@ RANGES = {
 
 def check_config(cfg: DictConfig) -> str | None:
     """The first problem the config alone shows, as one line; None when there is none."""
-    for check in (_unknown_keys, _numbers, _ranges, _sampling, _plugins, _confidence, _prompt):
+    for check in (_targets, _unknown_keys, _numbers, _ranges, _sampling, _plugins, _confidence, _prompt):
         message = check(cfg)
         if message:
             return message
@@ -85,6 +87,13 @@ def check_overrides_text(overrides: list[str]) -> str | None:
 
 
 # ---------------------------------------------------------------- checks
+
+
+def _targets(cfg: DictConfig) -> str | None:
+    """First, before any check imports a plug-in: every `_target_` must be one of specpipe's own classes."""
+    from specpipe.plugin_targets import check_targets
+
+    return check_targets(cfg)
 
 
 def _unknown_keys(cfg: DictConfig, prefix: str = "") -> str | None:

@@ -213,12 +213,19 @@ def _resume(path: str, overrides: list[str]) -> None:
 def recorded_config(events: list, overrides: list[str]):
     """The config a recording was made with (its first RunStarted.config_yaml), with `key=value` overrides applied.
 
+    The recording is data: its config is read and checked as a run folder's snapshot is (snapshot.py), so a
+    `_target_` that is not one of specpipe's plug-ins, or a value the schemas refuse, is one line here,
+    before the app starts or anything is imported.
+
     Raises:
-        ValueError: no recorded config, or an override that picks a group option (`draft=none`).
+        ValueError: no recorded config, a config that fails those checks, or an override that picks a
+            group option (`draft=none`).
     """
     from omegaconf import OmegaConf
 
+    from specpipe.errors import ConfigError
     from specpipe.events import RunStarted
+    from specpipe.snapshot import check_snapshot, read_snapshot_text
 
     yaml = next((e.config_yaml for e in events if isinstance(e, RunStarted) and e.config_yaml), "")
     if not yaml:
@@ -227,7 +234,16 @@ def recorded_config(events: list, overrides: list[str]):
         key = override.split("=", 1)[0]
         if "=" not in override or key.lstrip("+~") in GROUPS:
             raise ValueError(f"{override!r}: a resumed chat keeps its groups; change values such as budget.k=8")
-    return OmegaConf.merge(OmegaConf.create(yaml), OmegaConf.from_dotlist(overrides))
+    where = "its recorded config (RunStarted.config_yaml)"
+    try:
+        read_snapshot_text(yaml, where)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    cfg = OmegaConf.merge(OmegaConf.create(yaml), OmegaConf.from_dotlist(overrides))
+    message = check_snapshot(cfg, "config", where)
+    if message:
+        raise ValueError(message)
+    return cfg
 
 
 def _serve(flags: Flags) -> None:

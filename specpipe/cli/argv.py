@@ -40,10 +40,13 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
         )
     if not is_hydra_meta(argv):
         config_dir = flag_value(argv, "-cp", "--config-path")
+        search_dir = flag_value(argv, "-cd", "--config-dir")  # a user's folder of presets / options
         name = flag_value(argv, "-cn", "--config-name") or config_name
         from specpipe.run_folder import claim_override
 
-        message = validate_overrides(argv, name, tool, config_dir=config_dir) or claim_override(argv)
+        message = validate_overrides(
+            argv, name, tool, config_dir=config_dir, app=config_name, search_dir=search_dir
+        ) or claim_override(argv)
         if message:
             fail(tool, message, EXIT_CONFIG)
     return argv
@@ -98,25 +101,47 @@ def flag_value(argv: list[str], *names: str) -> str | None:
 
 
 def validate_overrides(
-    overrides: list[str], config_name: str = "config", tool: str = "specpipe", config_dir: str | None = None
+    overrides: list[str],
+    config_name: str = "config",
+    tool: str = "specpipe",
+    config_dir: str | None = None,
+    app: str = "config",
+    search_dir: str | None = None,
 ) -> str | None:
     """Compose the config to catch bad overrides; return a one-line message or None.
 
     With -m / --multirun every job of the sweep is composed (Hydra would
     otherwise fail in the middle of the sweep, with its own multi-line error).
-    `config_dir`: a folder of configs (a run's .hydra/ snapshot) instead of specpipe's own.
+    Hydra's own node is composed too (`hydra/launcher=nosuch`, a run folder with a comma) and may name
+    only Hydra's own classes. `config_dir`: a folder of configs (a run's .hydra/ snapshot) instead of
+    specpipe's own; a snapshot is read as data first and typed again by the schemas of `conf/<app>.yaml`
+    (snapshot.py), so an edited, cut or foreign one is one line before anything is imported or loaded.
+    `search_dir`: `--config-dir DIR`, searched after specpipe's own configs (a user's presets), as Hydra does.
     """
+    import os
+
     from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.errors import HydraException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     import specpipe.config  # noqa: F401
+    from specpipe.errors import ConfigError
+    from specpipe.plugin_targets import check_hydra_targets, check_targets
     from specpipe.preflight import check_config, check_overrides_text
+    from specpipe.snapshot import is_snapshot_dir, read_snapshot_file, retype
 
     if check_overrides_text(overrides):
         return check_overrides_text(overrides)
+    snapshot = bool(config_dir) and config_name == "config" and is_snapshot_dir(str(config_dir))
+    if snapshot:
+        try:
+            read_snapshot_file(f"{config_dir}/config.yaml")
+        except ConfigError as exc:
+            return str(exc)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
-    plain = [o for o in overrides_only(overrides) if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    plain = overrides_only(overrides)
+    searchpath = [f"hydra.searchpath=[file://{os.path.abspath(search_dir)}]"] if search_dir else []
     init = (
         initialize_config_dir(config_dir=config_dir, version_base=None)
         if config_dir
@@ -127,8 +152,15 @@ def validate_overrides(
         with init:
             for job in jobs:
                 try:
-                    cfg = compose(config_name=config_name, overrides=job)
-                    message = check_config(cfg)
+                    cfg = compose(config_name=config_name, overrides=[*job, *searchpath], return_hydra_config=True)
+                    with open_dict(cfg):
+                        hydra_node = cfg.pop("hydra")
+                    message = check_hydra_targets(hydra_node) or check_targets(cfg)
+                    if not message and snapshot:
+                        cfg = retype(cfg, app, where=f"{config_dir}/config.yaml")
+                    message = message or check_config(cfg)
+                except ConfigError as exc:
+                    message = str(exc)
                 except (HydraException, OmegaConfBaseException) as exc:
                     message = describe_config_error(exc)
                 if message:
@@ -161,7 +193,7 @@ def describe_config_error(exc: Exception) -> str:
 
     text = str(exc)
     cause = str(exc.__cause__ or "")
-    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    missing = re.search(r"Could not find '(.+)/([^/']+)'", text)
     if missing:
         group, option = missing.groups()
         options = [
@@ -171,6 +203,13 @@ def describe_config_error(exc: Exception) -> str:
     key = re.search(r"full_key: (\S+)", cause)
     if "not in" in cause and key:
         return f"unknown config key {key.group(1)!r}: check the spelling (`specpipe --cfg job` lists every key)"
+    ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=(.*)'", text)
+    if ambiguous:
+        name, value = ambiguous.groups()
+        return (
+            f"{name}={value} has a comma, which Hydra reads as a sweep: quote the value "
+            f"(\"{name}='{value}'\") or add -m to sweep over it"
+        )
     if "could not be converted" in cause and key:
         return f"{key.group(1)}: {cause.splitlines()[0]}"
     return "bad configuration: " + " ".join(text.split())
