@@ -15,6 +15,8 @@ plus conf/calibrate.yaml's: `quick=true` measures 7 points instead of 33
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -31,8 +33,13 @@ def _task(cfg) -> None:
     print(calibrate(cfg))
 
 
-def calibrate(cfg, out_dir: str | Path | None = None) -> str:
-    """Measure, save and describe the device's speculation economics."""
+def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:
+    """Measure, save and describe the device's speculation economics.
+
+    Args:
+        log: where each step's progress line goes as it starts (default: stderr), so a minute of timing
+            is never a minute of silence.
+    """
     from specpipe.cli.shell import hydra_output_dir
     from specpipe.config_groups import with_group
     from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
@@ -40,13 +47,27 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
     from specpipe.engine.device import device
     from specpipe.session import Session
 
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    started = time.perf_counter()
+    steps = 4 if cfg.contexts else 3
+
+    def step(n: int, text: str) -> None:
+        log(f"[calibrate {n}/{steps}, {time.perf_counter() - started:.0f} s] {text}")
+
     cfg = with_group(cfg, "budget", "fixed")  # calibration measures; it needs no budget of its own
+    step(1, f"loading {cfg.model.name} and draft={cfg.draft.name}")
     session = Session(cfg)
     quick = bool(cfg.quick)
+    lengths = "7 lengths" if quick else "every length 1-33"
+    step(2, f"timing one forward over n tokens after 128 cached ones, {lengths}, fastest of 3 each")
     curve = verify_cost_curve(session.target, quick=quick, refresh=True)
+    step(3, f"timing draft={session.drafter.name}'s cost per drafted token")
     c = draft_cost(session.drafter, session.target, quick=quick)
     ratio = curve["ratio"]
+    if cfg.contexts:
+        step(4, "timing the same curve after 1k, 4k, 8k, 16k cached positions (contexts=false skips it)")
     contexts = context_curves(session.target, refresh=True) if cfg.contexts else {}
+    log(f"[calibrate] done in {time.perf_counter() - started:.0f} s")
     out = Path(out_dir or hydra_output_dir() or "outputs/calibration")
     out.mkdir(parents=True, exist_ok=True)
     dev = device()
@@ -83,13 +104,17 @@ def calibrate(cfg, out_dir: str | Path | None = None) -> str:
             + "  ".join(f"{m}:{v['ratio'][m]:.2f}" for m in (2, 3, 5, 9, 17, 33))
             for n, v in contexts.items()
         ],
-        f"draft={session.drafter.name}: cost per drafted token c = {c:.3f} x target",
-        "predicted speed-up vs plain decoding (rows: acceptance; columns: K):",
-        "  alpha " + "".join(f"{k:>7}" for k in KS),
+        f"draft={session.drafter.name}: cost per drafted token c = {c:.3f} x one target forward",
+        "predicted decode speed-up over plain decoding, the cost model budget=auto uses:",
+        "  rows: acceptance, the chance the target accepts each drafted token (the same at every position)",
+        "  columns: K, tokens drafted per step (K = 0 is plain decoding); * the best K of the row",
+        "  a drafter's real acceptance falls along its draft, so measured speed-ups sit below these:",
+        '  specpipe-bench budget=auto "fixed_ks=[4,8]" (or specpipe-tune) measures them',
+        "  acceptance " + "".join(f"{k:>7}" for k in KS),
     ]
     for a, row in table.items():
         best = max(row, key=lambda k: row[k])
-        lines.append(f"  {a:5.2f} " + "".join(f"{row[k]:>6.2f}{'*' if k == best else ' '}" for k in KS))
+        lines.append(f"  {a:10.0%} " + "".join(f"{row[k]:>6.2f}{'*' if k == best else ' '}" for k in KS))
     lines.append(
         f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses "
         + ("these curves" if contexts else "this curve")

@@ -46,13 +46,15 @@ def probe_target(node) -> list[str]:
         )
     else:
         rollback = "attention only: a rejected draft costs a cache truncation (rollback=trim)"
-    curve = verify_cost_curve(target, quick=True)
+    # timed now, not read from the cache: a curve cached while the machine was busy misprices every K for auto
+    # (seen here: T(1) 440 ms and T(17) 0.48 T(1)); 7 lengths, a few seconds for a small model
+    curve = verify_cost_curve(target, quick=True, refresh=True)
     shown = [n for n in (2, 3, 5, 9, 17, 33) if n in curve["ratio"]]
     points = ", ".join(f"T({n}) {curve['ratio'][n]:.2f}" for n in shown)
     return [
         f"target {info.name} ({info.arch}, {info.precision}), {blas_phrase(blas_info())}",
         f"rollback: {rollback}",
-        f"verify cost over T(1) = {1000 * curve['t1_s']:.0f} ms: {points} (cached per model, precision, device, BLAS)",
+        f"verify cost over T(1) = {1000 * curve['t1_s']:.0f} ms: {points} (timed now; budget=auto reads it)",
     ]
 
 
