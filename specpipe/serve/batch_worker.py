@@ -16,7 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpipe.serve.worker import SHUTTING_DOWN, Finished, Job, QueueFull, cancelled_unstarted, first_stop
+from specpipe.serve.worker import (
+    SHUTTING_DOWN,
+    Finished,
+    Job,
+    QueueFull,
+    cancelled_unstarted,
+    drop_cancelled,
+    first_stop,
+)
 
 IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
 
@@ -133,6 +141,7 @@ class BatchWorker:
         `prefill_per_step` tokens before the next step (a long prompt joins over several steps)."""
         for a in [a for a in self._active if a.job.cancelled.is_set()]:
             self._finish(a, "cancelled")
+        drop_cancelled(self._jobs, self.metrics)  # a waiting client that left is answered now, not at its turn
         for entry in [e for e in self._joining if e[0].cancelled.is_set()]:
             self._joining.remove(entry)
             entry[0].out.put(("done", cancelled_unstarted(entry[0])))  # its handler logs it and returns

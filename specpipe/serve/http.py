@@ -21,6 +21,7 @@ import asyncio
 import json
 import queue
 import secrets
+import time
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -43,7 +44,7 @@ from specpipe.serve.openai_api import (
 )
 from specpipe.serve.prometheus import Metrics
 from specpipe.serve.templates import encode_chat
-from specpipe.serve.worker import Job, QueueFull
+from specpipe.serve.worker import SHUTTING_DOWN, Job, QueueFull
 
 MAX_BODY = 8 << 20  # 8 MiB: a long prompt fits; anything larger is refused before it is read whole
 RESULT_TIMEOUT_S = 3600  # a request never waits forever for its worker
@@ -258,7 +259,7 @@ async def _whole(state: ServeState, http: Request, kind: str, rid: str, job: Job
     tag, value = answer.result()
     if tag == "error":
         state.log(_error_fields(rid, False, job, value))
-        status = 503 if value.startswith("the server is shutting down") else 500
+        status = _error_status(value)
         return _json(status, error_body(value, "server_error", status))
     state.log({"id": rid, "stream": False, **_log_fields(value)})
     return _json(200, completion_body(kind, rid, state.model_name, value, seed))
@@ -296,7 +297,7 @@ async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | 
             elif tag == "error":
                 ended = True
                 state.log(_error_fields(rid, True, job, value))
-                yield _event(error_body(value, "server_error", 503 if "shutting down" in value else 500))
+                yield _event(error_body(value, "server_error", _error_status(value)))
             else:
                 ended = True
                 state.log({"id": rid, "stream": True, **_log_fields(value)})
@@ -311,6 +312,8 @@ async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | 
 def _follow(state: ServeState, rid: str, stream: bool, job: Job, answer: asyncio.Future) -> None:
     """Log a left client's request once its job ends (at the worker's next step): what it decoded."""
 
+    left, steps = time.perf_counter(), state.metrics.value("specpipe_steps_total")
+
     async def follow():
         record = {"id": rid, "stream": stream, "finish_reason": "client_disconnected"}
         try:
@@ -319,6 +322,10 @@ def _follow(state: ServeState, rid: str, stream: bool, job: Job, answer: asyncio
             item = None
         if item is not None and item[0] == "done":
             record |= {k: v for k, v in _log_fields(item[1]).items() if k != "finish_reason"}
+            record["cancel_s"] = round(time.perf_counter() - left, 6)  # seen to ended: a step or so
+            record["cancel_steps"] = int(
+                state.metrics.value("specpipe_steps_total") - steps
+            )  # batch steps run meanwhile
         else:
             record["prompt_tokens"] = len(job.prompt_ids)
         state.log(record)
@@ -332,12 +339,17 @@ def _event(body: dict) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+def _error_status(message: str) -> int:
+    return 503 if message == SHUTTING_DOWN else 500
+
+
 def _error_fields(rid: str, stream: bool, job: Job, message: str) -> dict:
     return {
         "id": rid,
         "stream": stream,
-        "status": 500,
-        "finish_reason": "error",
+        "status": _error_status(message),
+        # a request the shutdown took out of the queue was cut, as the decoding ones were
+        "finish_reason": "cancelled" if message == SHUTTING_DOWN else "error",
         "error": message,
         "prompt_tokens": len(job.prompt_ids),
     }

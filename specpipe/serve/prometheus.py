@@ -58,6 +58,10 @@ class Metrics:
             h[len(LATENCY_BUCKETS)] += 1
             h[-1] += seconds
 
+    def value(self, name: str, **labels) -> float:
+        with self._lock:
+            return self._values.get((name, tuple(sorted(labels.items()))), 0.0)
+
     def emitted(self, tokens: int) -> None:
         """Tokens sent to clients now (the tok/s gauge and the generated counter)."""
         now = time.monotonic()

@@ -45,6 +45,21 @@ def cancelled_unstarted(job: Job) -> Finished:
 SHUTTING_DOWN = "the server is shutting down"
 
 
+def drop_cancelled(jobs: queue.Queue, metrics=None) -> None:
+    """End the waiting jobs whose client left, now (not when a slot frees): each gets its
+    cancelled ending, so its handler logs it at once. Called by the decoding thread between steps."""
+    with jobs.mutex:
+        left = [j for j in jobs.queue if j is not None and j.cancelled.is_set()]
+        for job in left:
+            jobs.queue.remove(job)
+        if left:
+            jobs.not_full.notify(len(left))
+    for job in left:
+        job.out.put(("done", cancelled_unstarted(job)))
+        if metrics:
+            metrics.count("specpipe_requests_total", status="cancelled")
+
+
 class QueueFull(Exception):
     """More requests wait than the server was configured to hold."""
 
@@ -122,6 +137,7 @@ class GenerationWorker:
                 meter.drafted(event.k)
             elif isinstance(event, Verified):
                 meter.step()
+                drop_cancelled(self._jobs, self.metrics)  # a waiting client that left hears it now
             elif isinstance(event, Emitted):
                 meter.emitted(len(event.token_ids))
             if isinstance(event, Emitted) and stopped_at is None:
