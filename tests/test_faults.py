@@ -464,6 +464,22 @@ def test_unsupported_packaged_model_is_refused_before_download(tmp_path, monkeyp
         loader.load_engine("gemma3-270m")
 
 
+def test_a_torn_calibration_cache_is_measured_again(tmp_path):
+    """A torn calibration file made every budget=auto run fail with a traceback until deleted by hand."""
+    cache = tmp_path / "cache"
+    (cache / "calibration").mkdir(parents=True)
+    args = ["model=tiny-random", "budget=auto", "max_tokens=4", "stream=false", "blas.threads=1", "hi"]  # one key
+    first = run_module("specpipe.cli.generate", args, tmp_path, {**os.environ, "SPECPIPE_CACHE": str(cache)})
+    assert first.returncode == 0, first.stderr
+    (saved,) = (cache / "calibration").glob("*.json")
+    saved.write_text(saved.read_text()[: len(saved.read_text()) // 2])  # torn mid-write, as a crash leaves it
+    proc = run_module("specpipe.cli.generate", args, tmp_path, {**os.environ, "SPECPIPE_CACHE": str(cache)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    notices = [line for line in proc.stderr.splitlines() if "measuring it again" in line]
+    assert len(notices) == 1 and "torn" in notices[0]
+    assert json.loads(saved.read_text())["ratio"]["1"] == 1.0  # replaced by a whole file
+
+
 # ---------------------------------------------------------------- bad values
 
 

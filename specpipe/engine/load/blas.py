@@ -215,6 +215,11 @@ def _try_load(path: str, name: str, threads: int | None = None) -> BlasInfo | st
         # A BLAS without the C interface would load fine but MLX would keep calling its own.
         return f"{path} has no cblas_sgemm"
     _handles.append(lib)
+    set_threads = getattr(lib, "openblas_set_num_threads", None)
+    if chosen_threads and set_threads is not None:
+        # the library may have been opened before (pip_openblas checks its copy multiplies right): its
+        # constructor read the environment then, so say the count again
+        set_threads(ctypes.c_int(count))
     get_threads = getattr(lib, "openblas_get_num_threads", None) or getattr(lib, "mkl_get_max_threads", None)
     return BlasInfo(name, path, None, int(get_threads()) if get_threads else None, why)
 
