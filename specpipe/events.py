@@ -78,7 +78,8 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     the cost model's figure for that K), "plain" (no K beats plain decoding),
     "override" (RunControl set K), "cap" (a free drafter that classifies its
     drafts may propose up to K; found nothing to propose), "first token" (a
-    plain first step: a draft model prefills after it, see DraftPrefilled).
+    plain first step, its token as soon as plain decoding's: budget=auto's
+    every run, and a draft model's, which prefills after it: DraftPrefilled).
     evidence: the class of the draft in hand when K was fitted to it (n-gram:
     the matched suffix length); the rates are then that class's.
     floor: a model drafter stops before K at a token whose chain is estimated

@@ -183,7 +183,9 @@ def test_auto_sizes_trees_losslessly_and_logs_each_choice(setup, kind):
     assert final.token_ids == baseline
     decided = [d for d in drafted if d.decision is not None]
     assert len(decided) >= len(drafted) - 1  # the last step has no room to draft
-    assert all(d.decision.reason.startswith("tree ") for d in decided)
+    # budget=auto's first step is plain: its token as soon as plain decoding's
+    assert decided[0].step == 1 and decided[0].decision.reason == "first token" and not decided[0].draft_ids
+    assert all(d.decision.reason.startswith("tree ") for d in decided[1:])
     assert all(d.decision.k >= len(d.draft_ids) for d in decided)  # cut only by the tokens still wanted
     assert any(len(d.draft_ids) > 1 for d in drafted)
     assert step.sizer.reach_by_depth()[1] > 0  # acceptance by depth was measured

@@ -146,6 +146,8 @@ class Budget(Protocol):
     @property
     def lookup_k(self) -> int: ...  # a free lookup's longest draft whatever the step's K (auto: k_max; 0: the K)
     @property
+    def first_token_plain(self) -> bool: ...  # True: a run's first step is plain (its token as soon as plain's)
+    @property
     def p_min(
         self,
     ) -> float: ...  # > 0: the drafter stops below this top probability (confidence), given to its constructor
@@ -183,6 +185,7 @@ class BudgetBase:
     lookup_k: int = 0
     chain_stop: Any = None
     p_min: float = 0.0
+    first_token_plain: bool = False
 
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         pass  # nothing to measure
