@@ -3,18 +3,34 @@
 Each `conf/<group>/<option>.yaml` names its schema first in its defaults
 list, so a wrong type or an unknown key fails when the config is composed,
 before any model loads. Schemas hold types only (`MISSING`): every value
-lives in the YAML, one source per default (tests/test_plugins.py). Range
-checks that need logic live in the plug-in
-constructors (they raise SpecpipeError).
+lives in the YAML, one source per default (tests/test_plugins.py). A field
+declared with `ranged(low, high, advice)` carries its range as metadata,
+which preflight.py checks before anything loads; range checks that need
+logic live in the plug-in constructors (they raise SpecpipeError).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+
+class Range(NamedTuple):
+    """The values a numeric field takes, read by preflight.py before anything loads (metadata, not a default)."""
+
+    low: float | None = None
+    high: float | None = None
+    advice: str = ""
+    low_open: bool = False  # low itself is refused
+    high_open: bool = False
+
+
+def ranged(low: float | None, high: float | None, advice: str, **open_ends: bool) -> Any:
+    """A schema field with no value (the YAML holds it) and the range preflight checks it against."""
+    return field(default=MISSING, metadata={"range": Range(low, high, advice, **open_ends)})
 
 
 @dataclass
@@ -92,7 +108,8 @@ class AutoBudgetConfig(PluginConfig):
     probe_max: int = MISSING  # each probe that leaves K at 0 doubles the wait, up to this
     probe_k: int = MISSING
     forget: float = MISSING  # acceptance memory per step
-    prior_alpha: float = MISSING
+    # the prior acceptance rate: Beta(2a, 2(1-a)) needs 0 < a < 1 (-1 made complex numbers, 1e300 a 0 division)
+    prior_alpha: float = ranged(0, 1, "the prior acceptance rate, e.g. 0.5", low_open=True, high_open=True)
     quick: bool = MISSING  # calibrate 7 points (vs 33) when the device has no cached curve
 
 
@@ -134,9 +151,10 @@ class StaticTreeConfig(ChainTreeConfig):
 
 @dataclass
 class DynamicTreeConfig(ChainTreeConfig):
-    nodes: int = MISSING  # nodes verified per step, 1..64
-    depth: int = MISSING  # deepest level drafted
-    width: int = MISSING  # alternatives a model drafter scores per depth
+    nodes: int = ranged(1, 64, "nodes verified per step, trees/shape.py MAX_NODES")
+    depth: int = ranged(1, 64, "the deepest level drafted")
+    # alternatives a model drafter scores per depth (0 broke a reshape; more than the nodes are never verified)
+    width: int = ranged(1, 64, "alternatives scored per depth, e.g. tree.width=4")
 
 
 @dataclass

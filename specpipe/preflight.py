@@ -55,7 +55,18 @@ RANGES = {
 
 def check_config(cfg: DictConfig) -> str | None:
     """The first problem the config alone shows, as one line; None when there is none."""
-    for check in (_targets, _unknown_keys, _numbers, _ranges, _sampling, _plugins, _confidence, _prompt):
+    for check in (
+        _targets,
+        _unknown_keys,
+        _numbers,
+        _ranges,
+        _schema_ranges,
+        _tiny,
+        _sampling,
+        _plugins,
+        _confidence,
+        _prompt,
+    ):
         message = check(cfg)
         if message:
             return message
@@ -152,6 +163,69 @@ def _ranges(cfg: DictConfig) -> str | None:
             return f"{key}={value} is out of range: {advice}"
     if "seq_len" in cfg and "unroll" in cfg and cfg.seq_len <= cfg.unroll + 1:
         return f"seq_len={cfg.seq_len} with unroll={cfg.unroll}: need seq_len > unroll + 1"
+    return None
+
+
+def _schema_ranges(cfg: DictConfig, prefix: str = "") -> str | None:
+    """Every field whose schema declares a `Range` (config.ranged): the value must lie inside it."""
+    from specpipe.config import Range
+
+    schema = OmegaConf.get_type(cfg)
+    fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
+    for f in fields:
+        bounds = f.metadata.get("range")
+        if not isinstance(bounds, Range) or f.name not in cfg or OmegaConf.is_missing(cfg, f.name):
+            continue
+        value = cfg[f.name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        low_bad = bounds.low is not None and (value <= bounds.low if bounds.low_open else value < bounds.low)
+        high_bad = bounds.high is not None and (value >= bounds.high if bounds.high_open else value > bounds.high)
+        if low_bad or high_bad:
+            key = f"{prefix}{f.name}"
+            return f"{key}={value} is out of range: give {_interval(bounds, key)} ({bounds.advice})"
+    for key in map(str, cfg.keys()):
+        if not OmegaConf.is_missing(cfg, key) and isinstance(cfg[key], DictConfig):
+            message = _schema_ranges(cfg[key], f"{prefix}{key}.")
+            if message:
+                return message
+    return None
+
+
+def _interval(bounds, key: str) -> str:
+    """Range(0, 1, low_open=True) -> "0 < key <= 1"."""
+    parts = []
+    if bounds.low is not None:
+        parts.append(f"{bounds.low:g} {'<' if bounds.low_open else '<='} ")
+    parts.append(key)
+    if bounds.high is not None:
+        parts.append(f" {'<' if bounds.high_open else '<='} {bounds.high:g}")
+    return "".join(parts)
+
+
+# The tiny model's byte tokenizer: 256 bytes + 3 specials (engine/load/tiny.py VOCAB_SIZE; not imported
+# here, that module imports MLX). A smaller vocabulary made embedding lookups read past the table.
+TINY_VOCAB = 259
+TINY_COUNTS = ("_size", "_layers", "_heads", "_dim", "_embeddings")
+
+
+def _tiny(cfg: DictConfig) -> str | None:
+    """model=tiny-random's +model.tiny.* sizes: counts are at least 1, the vocabulary fits the tokenizer."""
+    model = cfg.get("model") if "model" in cfg else None
+    if not isinstance(model, DictConfig) or model.get("name") != "tiny-random" or model.get("path"):
+        return None
+    tiny = model.get("tiny") if not OmegaConf.is_missing(model, "tiny") else None
+    for key, value in (tiny or {}).items():
+        key = str(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if key == "vocab_size" and value < TINY_VOCAB:
+            return (
+                f"model.tiny.vocab_size={value} is out of range: the tiny model's byte tokenizer has "
+                f"{TINY_VOCAB} tokens; give at least {TINY_VOCAB}"
+            )
+        if (key.startswith("num_") or key.endswith(TINY_COUNTS)) and value < 1:
+            return f"model.tiny.{key}={value} is out of range: a size or count, at least 1"
     return None
 
 

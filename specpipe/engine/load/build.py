@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from specpipe.errors import SpecpipeError
+from specpipe.errors import ConfigError, SpecpipeError
 
 PRECISIONS = ("auto", "stored", "float32", "bfloat16", "float16", "mlx4", "mlx8")
 
@@ -22,10 +22,26 @@ def model_classes(config: dict):
 
     try:
         return _get_classes(config)
-    except ValueError as exc:
-        raise SpecpipeError(
-            f"model_type {config.get('model_type')!r} is not an mlx-lm architecture: pick one from mlx_lm/models/"
+    except (ValueError, AttributeError) as exc:  # no such module, or a module without Model (cache, base)
+        raise ConfigError(
+            f"model_type {config.get('model_type')!r} is not an mlx-lm architecture: choose one of "
+            f"{', '.join(architectures())} (model.arch= for tiny-random)"
         ) from exc
+
+
+def architectures() -> list[str]:
+    """mlx-lm's model types: the modules of mlx_lm.models that define Model and ModelArgs (read as text)."""
+    from pathlib import Path
+
+    import mlx_lm.models
+
+    names = []
+    for folder in map(Path, mlx_lm.models.__path__):
+        for path in folder.glob("*.py"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if "class Model(" in text and "class ModelArgs" in text:
+                names.append(path.stem)
+    return sorted(names)
 
 
 def build_model(

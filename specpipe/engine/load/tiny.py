@@ -193,7 +193,23 @@ def build_tiny(arch: str, seed: int = 0, overrides: dict | None = None):
     )
     model.eval()
     mx.eval(model.parameters())
+    if overrides:
+        check_sizes(model, arch)
     return model, config
+
+
+def check_sizes(model, arch: str) -> None:
+    """One forward over one token: sizes a user chose (+model.tiny.*) that build but cannot compute (heads
+    that do not divide, a zero dimension) fail here as one line instead of mid-run with MLX's traceback."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    try:
+        mx.eval(model(mx.array([[1]]), cache=make_prompt_cache(model)))
+    except Exception as exc:  # noqa: BLE001  (MLX and mlx-lm raise ValueError, IndexError, ZeroDivisionError ...)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecpipeError(
+            f"the tiny {arch!r} model's sizes do not compute ({first}); change the +model.tiny.<key> values"
+        ) from exc
 
 
 def byte_tokenizer():
