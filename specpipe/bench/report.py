@@ -239,8 +239,9 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         f"warm-up {cfg.get('warmup')}",
         f"- {len(summaries)} configurations, {n_pairs} (config, prompt) pairs, from "
         + ", ".join(str(p) for p in sources),
-        f"- BLAS threads: {dev.get('blas_threads', '?')} (chosen at start from the processes running then; "
-        "`blas.threads=` overrides)",
+        f"- BLAS threads: {dev.get('blas_threads', '?')}"
+        + (f" ({dev['blas_threads_reduced']})" if dev.get("blas_threads_reduced") else "")
+        + " (chosen at start from the processes running then; `blas.threads=` overrides)",
         "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first "
         "over the time after the first); "
         "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back.",

@@ -21,6 +21,8 @@ def device() -> dict[str, str]:
             info["blas_path"] = blas.path
         if blas.threads:
             info["blas_threads"] = str(blas.threads)
+        if blas.reduced:  # why fewer threads than cores: other processes were running at start
+            info["blas_threads_reduced"] = blas.reduced
     except ImportError:
         pass
     if sys.platform == "linux":
