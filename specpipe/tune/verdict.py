@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from specpipe.tune.plan import Candidate
 from specpipe.tune.routine import Outcome
 
+NOISE = 1.05  # a speed-up this far above tokens per forward is the machine's noise, not the drafter's
+
 
 @dataclass(frozen=True)
 class Option:
@@ -78,9 +80,15 @@ def verdicts(outcomes: list[Outcome], pays_at: float) -> list[str]:
             )
             continue
         beside = f", budget=auto {auto.speedup:.2f}x" if auto and opt.name != "auto" else ""
+        noisy = ""
+        if opt.speedup > NOISE * opt.tokens_per_forward:
+            noisy = (
+                f"; more than its {opt.tokens_per_forward:.2f} tokens per forward can give, so plain decoding was "
+                "slowed by other work between runs: rerun with repeats=2 on a quieter machine"
+            )
         lines.append(
             f"{kind}: {opt.speedup:.2f}x with {o.candidate.label()} {opt.budget_words()} "
-            f"(acceptance {opt.acceptance:.0%}, {opt.tokens_per_forward:.2f} tokens per forward{beside}){warn}"
+            f"(acceptance {opt.acceptance:.0%}, {opt.tokens_per_forward:.2f} tokens per forward{beside}{noisy}){warn}"
         )
     return lines
 
@@ -121,7 +129,8 @@ def winner(outcomes: list[Outcome], pays_at: float) -> tuple[Candidate, str]:
             continue  # measured on every kind, equal to plain on every kind
         if name != "auto" and min(opt.speedup for opt in opts) < 1.0 / 1.03:
             continue  # a fixed K that loses somewhere is not a setting to leave on
-        geo = math.exp(statistics.fmean(math.log(max(opt.speedup, 1e-9)) for opt in opts))
+        # a step's forward costs at least T(1), so a speed-up above tokens per forward is noise: rank by at most that
+        geo = math.exp(statistics.fmean(math.log(max(min(opt.speedup, opt.tokens_per_forward), 1e-9)) for opt in opts))
         ranked.append((geo, spec, name))
     if not ranked:
         first = outcomes[0].candidate if outcomes else Candidate("ngram", "ngram")
