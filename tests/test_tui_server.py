@@ -95,7 +95,7 @@ def test_a_stop_ends_the_answer_and_frees_the_servers_slot(server):
 async def test_the_app_chats_through_the_server_with_drafts_highlighted(server):
     app = ChatApp(ServerSource(server.base, check_server(server.base)))
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.click("Input")
+        await pilot.click("#prompt")
         await pilot.press(*PROMPT, "enter")
         await wait_for(pilot, lambda: app.control is None and answers(app))
         (answer,) = answers(app)

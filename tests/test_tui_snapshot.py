@@ -8,15 +8,15 @@ change: review the SVG (`pytest --snapshot-update` to accept it).
 
 from __future__ import annotations
 
-from textual.widgets import Input
 from tui_script import scripted_events
 
 from tui.app import ChatApp
 from tui.sources import ReplaySource
+from tui.widgets.prompt import PromptArea
 
 
 async def _settle(pilot) -> None:
-    pilot.app.query_one(Input).cursor_blink = False  # a blinking cursor would differ between runs
+    pilot.app.query_one(PromptArea).cursor_blink = False  # a blinking cursor would differ between runs
     await pilot.app.workers.wait_for_complete()
     # The worker's last messages (and the refreshes they schedule) may still be
     # queued on a busy machine: wait until the transcript's last line is drawn.

@@ -22,7 +22,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Footer, Header, Static
 from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
 from specpipe.core.pipeline import RunControl
@@ -33,6 +33,7 @@ from tui.screens.config import ConfigScreen
 from tui.screens.help import HelpScreen
 from tui.widgets.answer import Answer
 from tui.widgets.legend import Legend
+from tui.widgets.prompt import PromptArea
 from tui.widgets.stats_panel import StatsPanel
 from tui.widgets.token_view import MODES
 
@@ -110,7 +111,7 @@ class ChatApp(App):
                 yield StatsPanel(id="stats")
                 yield Legend(id="legend")
         placeholder = "Enter replays the recording" if self.source.replay else "Ask something; Enter sends"
-        yield Input(placeholder=placeholder, id="prompt")
+        yield PromptArea(placeholder=placeholder, id="prompt")  # a TextArea: pasted code keeps its lines
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -126,11 +127,11 @@ class ChatApp(App):
 
     # ---- sending and streaming
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_prompt_area_submitted(self, event: PromptArea.Submitted) -> None:
         text = event.value.strip()
         if self.control is not None or not (text or self.source.replay):
             return  # one answer at a time; empty lines are ignored
-        event.input.clear()
+        event.area.clear()
         self.start_answer(text or None)
 
     def start_answer(self, text: str | None) -> None:
@@ -142,7 +143,7 @@ class ChatApp(App):
             self.answer.note = "loading model..." if self.source.decode is None else ""
             self.answer.refresh_text()
         self.control = RunControl(k=None if self.source.replay else self.next_k)
-        self.query_one(Input).disabled = True
+        self.query_one(PromptArea).disabled = True
         self.refresh_bindings()
         self.generation = self.generate(list(self.messages), self.control)
 
@@ -224,7 +225,7 @@ class ChatApp(App):
 
     def on_generation_ended(self, message: GenerationEnded) -> None:
         self.control = None
-        prompt = self.query_one(Input)
+        prompt = self.query_one(PromptArea)
         prompt.disabled = False
         prompt.focus()
         self.refresh_bindings()
@@ -272,7 +273,7 @@ class ChatApp(App):
             self.screen.clear_selection()
             self.notify("copied the selection")
             return
-        prompt = self.query_one(Input)
+        prompt = self.query_one(PromptArea)
         if prompt.value:
             prompt.clear()
             return

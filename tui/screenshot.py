@@ -17,15 +17,14 @@ from pathlib import Path
 
 
 async def shoot(cfg, out: Path, size: tuple[int, int], timeout_s: float = 600) -> None:
-    from textual.widgets import Input
-
     from tui.app import ChatApp
     from tui.sources import LiveSource
+    from tui.widgets.prompt import PromptArea
 
     source = LiveSource(cfg)
     app = ChatApp(source, title=f"{cfg.model.name} | draft={cfg.draft.name}", first_message=cfg.prompt.text)
     async with app.run_test(size=size) as pilot:
-        app.query_one(Input).cursor_blink = False
+        app.query_one(PromptArea).cursor_blink = False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not (app.control is None and app.figures.stop_reason) and loop.time() < deadline:
