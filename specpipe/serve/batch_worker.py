@@ -24,6 +24,7 @@ from specpipe.serve.worker import (
     cancelled_unstarted,
     drop_cancelled,
     first_stop,
+    mark_end,
 )
 
 IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
@@ -144,7 +145,7 @@ class BatchWorker:
         drop_cancelled(self._jobs, self.metrics)  # a waiting client that left is answered now, not at its turn
         for entry in [e for e in self._joining if e[0].cancelled.is_set()]:
             self._joining.remove(entry)
-            entry[0].out.put(("done", cancelled_unstarted(entry[0])))  # its handler logs it and returns
+            entry[0].out.put(("done", cancelled_unstarted(entry[0], self.metrics)))  # its handler logs it and returns
             self._count("specpipe_requests_total", status="cancelled")
         while len(self._active) + len(self._joining) < self.max_batch:
             idle = not self._active and not self._joining
@@ -154,7 +155,7 @@ class BatchWorker:
                 break
             self._gauge("specpipe_queue_length", self._jobs.qsize())
             if job.cancelled.is_set():
-                job.out.put(("done", cancelled_unstarted(job)))
+                job.out.put(("done", cancelled_unstarted(job, self.metrics)))
                 self._count("specpipe_requests_total", status="cancelled")
                 continue
             try:
@@ -232,6 +233,8 @@ class BatchWorker:
             "ttft_s": (a.first_token - a.started) if a.first_token else 0.0,
             "batched": True,
         }
+        if reason == "cancelled":
+            mark_end(a.job, self.metrics)
         if len(a.text) > a.sent and reason != "cancelled":
             a.job.out.put(("delta", Delta(a.text[a.sent :], a.pending_tokens, a.pending_draft)))
         a.job.out.put(

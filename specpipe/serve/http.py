@@ -42,7 +42,7 @@ from specpipe.serve.openai_api import (
     parse_chat,
     parse_completion,
 )
-from specpipe.serve.prometheus import Metrics
+from specpipe.serve.prometheus import CONTENT_TYPE, Metrics
 from specpipe.serve.templates import encode_chat
 from specpipe.serve.worker import SHUTTING_DOWN, Job, QueueFull
 
@@ -89,7 +89,7 @@ def make_app(state: ServeState, policy: Policy):
 
     async def metrics(request: Request) -> Response:
         state.metrics.set("specpipe_queue_length", state.worker.waiting())
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     async def chat(request: Request) -> Response:
         return await _complete(state, request, parse_chat)
@@ -253,7 +253,6 @@ async def _whole(state: ServeState, http: Request, kind: str, rid: str, job: Job
     finally:
         gone.cancel()
     if not answer.done():
-        job.cancelled.set()
         _follow(state, rid, False, job, answer)
         return Response(status_code=499)  # nobody reads it: uvicorn drops it with the closed socket
     tag, value = answer.result()
@@ -305,14 +304,14 @@ async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | 
         yield b"data: [DONE]\n\n"
     finally:
         if not ended:  # the client left before the end: stop decoding for it at the next step
-            job.cancelled.set()
             _follow(state, rid, True, job, asyncio.ensure_future(_last(job)))
 
 
 def _follow(state: ServeState, rid: str, stream: bool, job: Job, answer: asyncio.Future) -> None:
-    """Log a left client's request once its job ends (at the worker's next step): what it decoded."""
-
+    """Cancel a left client's job (the worker ends it at its next step) and log it once it has ended:
+    what it decoded, and how many steps that took."""
     left, steps = time.perf_counter(), state.metrics.value("specpipe_steps_total")
+    job.cancelled.set()
 
     async def follow():
         record = {"id": rid, "stream": stream, "finish_reason": "client_disconnected"}
@@ -323,9 +322,9 @@ def _follow(state: ServeState, rid: str, stream: bool, job: Job, answer: asyncio
         if item is not None and item[0] == "done":
             record |= {k: v for k, v in _log_fields(item[1]).items() if k != "finish_reason"}
             record["cancel_s"] = round(time.perf_counter() - left, 6)  # seen to ended: a step or so
-            record["cancel_steps"] = int(
-                state.metrics.value("specpipe_steps_total") - steps
-            )  # batch steps run meanwhile
+            # decoding steps run between the hang-up and the job's end (stamped by the worker)
+            ended = job.end_step if job.end_step is not None else state.metrics.value("specpipe_steps_total")
+            record["cancel_steps"] = int(ended - steps)
         else:
             record["prompt_tokens"] = len(job.prompt_ids)
         state.log(record)

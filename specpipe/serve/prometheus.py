@@ -1,7 +1,9 @@
-"""The server's `/metrics`: counters, gauges and latency histograms in Prometheus' text format.
+"""The server's `/metrics`: counters, gauges and latency histograms through `prometheus_client`.
 
-Contract: the worker thread and the HTTP threads call `count`, `set`, `observe`; `render()`
-returns the exposition text (version 0.0.4). Thread-safe, no dependency, no HTTP.
+Contract: the worker thread and the HTTP layer call `count`, `set`, `observe`, `emitted`;
+`value` reads a counter or gauge back; `render()` returns the exposition text (`CONTENT_TYPE`).
+Each `Metrics` has its own registry (a test may hold several); thread-safe (prometheus_client's
+locks). The metric names and help texts are the API dashboards read: keep them stable. No HTTP.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ import threading
 import time
 from collections import deque
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_WINDOW_S = 10.0  # tok/s is the tokens emitted over the last 10 s
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_PLAIN_0_0_4  # what every Prometheus version scrapes
 
 HELP = {
     "specpipe_requests_total": (
@@ -31,65 +37,55 @@ HELP = {
     "specpipe_inter_token_seconds": ("histogram", "Gap between a request's consecutive steps that emitted tokens."),
     "specpipe_request_seconds": ("histogram", "Request received to last token."),
 }
+LABELS = {"specpipe_requests_total": ("status",)}
+
+prometheus_client.disable_created_metrics()  # *_created timestamps per series: noise for this server
 
 
 class Metrics:
     def __init__(self):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._metrics: dict = {}
+        for name, (kind, text) in HELP.items():
+            labels = LABELS.get(name, ())
+            if kind == "counter":  # prometheus_client adds the _total suffix itself
+                self._metrics[name] = Counter(name.removesuffix("_total"), text, labels, registry=self.registry)
+            elif kind == "gauge":
+                self._metrics[name] = Gauge(name, text, labels, registry=self.registry)
+            else:
+                self._metrics[name] = Histogram(name, text, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
         self._lock = threading.Lock()
-        self._values: dict[tuple[str, tuple], float] = {}
-        self._hist: dict[str, list] = {}  # name -> [bucket counts..., +Inf count, sum]
         self._recent: deque[tuple[float, int]] = deque()
 
+    def _series(self, name: str, labels: dict):
+        metric = self._metrics[name]
+        return metric.labels(**labels) if labels else metric
+
     def count(self, name: str, value: float = 1.0, **labels) -> None:
-        with self._lock:
-            key = (name, tuple(sorted(labels.items())))
-            self._values[key] = self._values.get(key, 0.0) + value
+        if value:
+            self._series(name, labels).inc(value)
 
     def set(self, name: str, value: float) -> None:
-        with self._lock:
-            self._values[(name, ())] = float(value)
+        self._metrics[name].set(float(value))
 
     def observe(self, name: str, seconds: float) -> None:
-        with self._lock:
-            h = self._hist.setdefault(name, [0] * (len(LATENCY_BUCKETS) + 1) + [0.0])
-            for i, bound in enumerate(LATENCY_BUCKETS):
-                if seconds <= bound:
-                    h[i] += 1
-            h[len(LATENCY_BUCKETS)] += 1
-            h[-1] += seconds
+        self._metrics[name].observe(seconds)
 
     def value(self, name: str, **labels) -> float:
-        with self._lock:
-            return self._values.get((name, tuple(sorted(labels.items()))), 0.0)
+        """A counter's or gauge's current value (0 for a series never touched)."""
+        return self.registry.get_sample_value(name, labels or None) or 0.0
 
     def emitted(self, tokens: int) -> None:
         """Tokens sent to clients now (the tok/s gauge and the generated counter)."""
-        now = time.monotonic()
         with self._lock:
-            self._recent.append((now, tokens))
-            key = ("specpipe_generated_tokens_total", ())
-            self._values[key] = self._values.get(key, 0.0) + tokens
+            self._recent.append((time.monotonic(), tokens))
+        self.count("specpipe_generated_tokens_total", tokens)
 
     def render(self) -> str:
         with self._lock:
             now = time.monotonic()
             while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
                 self._recent.popleft()
-            self._values[("specpipe_tokens_per_second", ())] = sum(t for _, t in self._recent) / RATE_WINDOW_S
-            lines = []
-            for name, (kind, text) in HELP.items():
-                lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-                if kind == "histogram":
-                    h = self._hist.get(name, [0] * (len(LATENCY_BUCKETS) + 1) + [0.0])
-                    lines += [f'{name}_bucket{{le="{b}"}} {h[i]}' for i, b in enumerate(LATENCY_BUCKETS)]
-                    lines += [
-                        f'{name}_bucket{{le="+Inf"}} {h[len(LATENCY_BUCKETS)]}',
-                        f"{name}_sum {h[-1]:.6f}",
-                        f"{name}_count {h[len(LATENCY_BUCKETS)]}",
-                    ]
-                    continue
-                series = [(labels, v) for (n, labels), v in self._values.items() if n == name] or [((), 0.0)]
-                for labels, value in sorted(series):
-                    tag = "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""
-                    lines.append(f"{name}{tag} {value:g}")
-            return "\n".join(lines) + "\n"
+            rate = sum(t for _, t in self._recent) / RATE_WINDOW_S
+        self.set("specpipe_tokens_per_second", rate)
+        return generate_latest(self.registry).decode()

@@ -35,10 +35,19 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     seed: int | None = None  # this request's sampling seed (None: the server's)
     sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
+    end_step: float | None = None  # the server's step count when the worker ended it cancelled (/metrics)
 
 
-def cancelled_unstarted(job: Job) -> Finished:
+def mark_end(job: Job, metrics) -> None:
+    """Stamp a cancelled job with the step it ended at (the HTTP layer logs how many steps ran
+    after it saw the client leave, without counting its own lag in hearing of the end)."""
+    if metrics is not None:
+        job.end_step = metrics.value("specpipe_steps_total")
+
+
+def cancelled_unstarted(job: Job, metrics=None) -> Finished:
     """What a job whose client left before it was decoded ends with: nothing generated."""
+    mark_end(job, metrics)
     return Finished("", "cancelled", len(job.prompt_ids), 0, {}, time.perf_counter() - job.submitted)
 
 
@@ -55,7 +64,7 @@ def drop_cancelled(jobs: queue.Queue, metrics=None) -> None:
         if left:
             jobs.not_full.notify(len(left))
     for job in left:
-        job.out.put(("done", cancelled_unstarted(job)))
+        job.out.put(("done", cancelled_unstarted(job, metrics)))
         if metrics:
             metrics.count("specpipe_requests_total", status="cancelled")
 
@@ -105,7 +114,7 @@ class GenerationWorker:
                 job.out.put(("error", SHUTTING_DOWN))
                 continue
             if job.cancelled.is_set():
-                job.out.put(("done", cancelled_unstarted(job)))
+                job.out.put(("done", cancelled_unstarted(job, self.metrics)))
                 if self.metrics:
                     self.metrics.count("specpipe_requests_total", status="cancelled")
                 continue
@@ -160,6 +169,7 @@ class GenerationWorker:
         reason = {"eos": "stop", "max_tokens": "length"}.get(finished.stop_reason, "stop")
         if job.cancelled.is_set() or self._closing.is_set():
             reason = "cancelled"
+            mark_end(job, self.metrics)
         s = finished.stats
         meter.finished("cancelled" if reason == "cancelled" else "ok", s.drafted, s.accepted)
         stats = {
