@@ -92,3 +92,28 @@ def test_calibrate_composes_the_run_specpipe_composes():
         calibrate = OmegaConf.to_container(compose("calibrate", overrides))
     assert calibrate.pop("quick") is False and calibrate.pop("contexts") is True
     assert calibrate == run
+
+
+def test_a_terminal_gets_a_bar_with_an_eta_that_counts_measured_and_resumed_prompts():
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from specpipe.tune.cli import Progress
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    with open(slave, "w") as terminal:
+        progress = Progress(4, stream=terminal)
+        assert progress.bar is not None  # a terminal: a bar, not lines
+        progress.plan("code: draft=ngram", None)
+        progress.line("[bench] smollm2-135m (float32), 3 prompts")  # not a measured prompt
+        progress.line("[bench 1/1] code/code-rename ngram auto: ... | ETA 0s")
+        progress.settle(3)  # the run's records: 1 measured now, 2 resumed from the results file
+        assert progress.bar.n == 3
+        progress.bar.refresh()
+        progress.close()
+    drawn = os.read(master, 65536).decode(errors="replace")
+    os.close(master)
+    assert "3/4" in drawn and "prompt/s" in drawn and "<" in drawn, drawn  # n/total, rate, elapsed<remaining
