@@ -6,6 +6,7 @@ the test that checks it (test_the_fault_table_names_a_test_for_every_row)."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_module
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specpipe.events import RunFinished, read_events, read_recording
@@ -517,35 +518,72 @@ def test_non_utf8_prompt_bytes_from_the_shell(tmp_path):
     assert proc.returncode == 2 and "not UTF-8" in error_line(proc.stderr)
 
 
-NUMERIC_KEYS = {  # every numeric option of the schema, per the option that has it
-    "": [
-        "max_tokens",
-        "model.seed",
-        "sampling.temperature",
-        "sampling.top_k",
-        "sampling.top_p",
-        "sampling.min_p",
-        "sampling.seed",
-        "budget.k",
-        "draft.min_n",
-        "draft.max_n",
-        "draft.window",
-        "prefill.chunk",
-        "prefill.progress_tokens",
-    ],
-    "kv=quantized": ["kv.bits", "kv.group_size"],
-    "kv=window": ["kv.size"],
-    "budget=adaptive": ["budget.k", "budget.k_min", "budget.k_max"],
-    "budget=confidence": ["budget.k", "budget.p_min"],
-    "draft=layerskip": ["draft.depth"],
-}
-BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1, 0, 0.5, 1, 33, 2**64, -(2**63), 10**12]
+@functools.cache
+def schema_keys() -> list[tuple[str, str, str, str]]:
+    """(app, option override or "", dotted key, kind) for every int / float / str field of every option of
+    every group, read from the typed schemas of the composed configs (a new option or key is fuzzed unasked).
+
+    Model options other than tiny-random, presets and experiments name real models (a download): left out.
+    """
+    import dataclasses
+
+    from hydra import compose, initialize_config_module
+    from omegaconf import DictConfig, OmegaConf
+
+    import specpipe.config  # noqa: F401
+    from specpipe.snapshot import packaged_defaults
+
+    kinds = {"int": "int", "int | None": "int", "float": "float", "float | None": "float"}
+    kinds |= {"str": "str", "str | None": "str"}
+    found: dict[tuple[str, str, str], tuple[str, str, str, str]] = {}  # per app, key and schema
+
+    def walk(app: str, choice: str, node: DictConfig, prefix: str) -> None:
+        schema = OmegaConf.get_type(node)
+        types = {f.name: str(f.type) for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+        for key in map(str, node.keys()):
+            if key.startswith("_") or key == "name":
+                continue
+            if isinstance(node[key], DictConfig):
+                walk(app, choice, node[key], f"{prefix}{key}.")
+            elif types.get(key) in kinds:
+                row = (app, choice, f"{prefix}{key}", kinds[types[key]])
+                found.setdefault((app, f"{prefix}{key}", getattr(schema, "__name__", "")), row)
+
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        for app in ("config", "bench"):
+            base = ["model=tiny-random"]
+            walk(app, "", compose(config_name=app, overrides=base), "")
+            groups = [g for g, v in packaged_defaults(app).items() if isinstance(v, dict) and g != "model"]
+            for group in groups:
+                folder = ROOT / "specpipe" / "conf" / group
+                for option in sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []:
+                    try:
+                        cfg = compose(config_name=app, overrides=[*base, f"{group}={option}"])
+                    except Exception:  # noqa: BLE001  (an option that needs another, e.g. lookahead a tree)
+                        continue
+                    walk(app, f"{group}={option}", cfg[group], f"{group}.")
+    return sorted(found.values())
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_every_numeric_option_fails_cleanly_or_runs(data):
-    """Any value of any numeric option: one line from the pre-check, one line from the run, or a run."""
+SCHEMA_KEYS = st.deferred(lambda: st.sampled_from(schema_keys()))  # composed when the test runs, not at collection
+ODD_VALUES = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, 0.5, 1, 33, 65, 1e300, 2**64, -(2**63), 10**12]),
+    st.integers(-3, 70),
+    st.sampled_from(["", "null", "abc", "../x", "a b", "-1", "self", "llama", "cache"]),
+    st.text(alphabet="abcxyz019_-.", max_size=8),
+)
+# keys whose value names a model or file: a random name could start a download, so they are only pre-checked
+NO_RUN = ("model.name", "model.path", "draft.model", "draft.path", "draft.head", "draft.quant", "output_dir")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=SCHEMA_KEYS, value=ODD_VALUES)
+@example(case=("config", "budget=auto", "budget.prior_alpha", "float"), value=-1)  # complex numbers once
+@example(case=("config", "budget=auto", "budget.prior_alpha", "float"), value=1e300)  # a zero division once
+@example(case=("config", "tree=dynamic", "tree.width", "int"), value=0)  # a reshape error once
+def test_every_numeric_option_fails_cleanly_or_runs(case, value):
+    """Any value of any numeric or string key of any option (from the schemas): one line from the pre-check,
+    one line from the run, or a run. Runs only the specpipe app's keys on tiny-random, two tokens each."""
     from hydra import compose, initialize_config_module
 
     import specpipe.config  # noqa: F401
@@ -553,13 +591,18 @@ def test_every_numeric_option_fails_cleanly_or_runs(data):
     from specpipe.errors import SpecpipeError
     from specpipe.session import Session
 
-    choice = data.draw(st.sampled_from(sorted(NUMERIC_KEYS)))
-    key = data.draw(st.sampled_from(NUMERIC_KEYS[choice]))
-    value = data.draw(st.sampled_from(BAD_NUMBERS))
-    overrides = ["model=tiny-random", "prompt.text=ab ab", *([choice] if choice else []), f"{key}={value}"]
-    message = validate_overrides(overrides)
+    app, choice, key, kind = case
+    if kind == "int" and isinstance(value, float) and math.isfinite(value) and abs(value) < 2**70:
+        value = int(value)  # mostly numbers of the key's own type; the rest test the type check
+    text = f"'{value}'" if isinstance(value, str) else str(value)
+    overrides = ["model=tiny-random", "prompt.text=ab ab", *([choice] if choice else []), f"{key}={text}"]
+    if choice.startswith("tree=") and choice != "tree=chain":
+        overrides.append("draft=model")  # trees need a drafter with probabilities or n-gram lookups
+    message = validate_overrides(overrides, config_name=app, app=app)
     if message:
         assert "\n" not in message and "Traceback" not in message
+        return
+    if app != "config" or key in NO_RUN:
         return
     with initialize_config_module(config_module="specpipe.conf", version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
@@ -576,15 +619,17 @@ def test_every_numeric_option_fails_cleanly_or_runs(data):
 
 
 def test_the_fault_table_names_a_test_for_every_row():
-    """Each row of docs/faults.md names a test of this module that exists; each fault test has a row."""
+    """Each row of docs/faults.md names a test of this module (or of a test_faults_*.py beside it) that exists;
+    each fault test has a row."""
     import ast
 
     table = (ROOT / "docs" / "faults.md").read_text().split("## Faults", 1)[1]
     rows = [line for line in table.splitlines() if line.startswith("|") and not set(line) <= set("|- ")]
     named = [re.findall(r"`(test_\w+)`", row) for row in rows[1:]]  # rows[0] is the header
     assert named and all(named), "every row of the fault table names its test"
-    tree = ast.parse(Path(__file__).read_text())
-    tests = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    modules = [Path(__file__), *sorted(Path(__file__).parent.glob("test_faults_*.py"))]
+    tree = [n for m in modules for n in ast.parse(m.read_text()).body]
+    tests = {n.name for n in tree if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
     listed = {t for ts in named for t in ts}
     assert listed <= tests, f"the table names tests that do not exist: {sorted(listed - tests)}"
     assert tests - listed == {"test_the_fault_table_names_a_test_for_every_row"}, f"no row for {sorted(tests - listed)}"
