@@ -117,3 +117,35 @@ def test_a_terminal_gets_a_bar_with_an_eta_that_counts_measured_and_resumed_prom
     drawn = os.read(master, 65536).decode(errors="replace")
     os.close(master)
     assert "3/4" in drawn and "prompt/s" in drawn and "<" in drawn, drawn  # n/total, rate, elapsed<remaining
+
+
+@pytest.mark.slow  # ~20 s: six prompts to stop in the middle of; the rerun test above covers resume in the default run
+def test_a_stopped_tune_keeps_its_measurements_and_the_same_command_resumes(tmp_path):
+    import signal
+
+    args = ["model=tiny-random", "suites=[code]", "limit=6", "max_tokens=24", "ks=[4]", "widen_to=[]", "save_as=stop"]
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specpipe.tune.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stderr.readline()
+    while "[bench 1/" not in line:
+        assert line, proc.stderr.read()
+        line = proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("specpipe-tune: error: stopped by SIGTERM: every finished measurement is in"), err
+    assert "run the same command again to resume" in last and "Traceback" not in err
+    kept = (tmp_path / "outputs" / "tune" / "stop.jsonl").read_text().splitlines()
+    assert 1 <= len(kept) < 6
+    again = run("specpipe.tune.cli", args, tmp_path, tmp_path / "config")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"[bench] resume: {len(kept)} of 6 prompts already in" in again.stderr, again.stderr
+    assert len((tmp_path / "outputs" / "tune" / "stop.jsonl").read_text().splitlines()) == 6
