@@ -336,3 +336,80 @@ def test_a_non_loopback_host_needs_allow_remote_and_a_key(tmp_path, overrides, e
         env={**os.environ, **env},
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
+
+
+# A tool-aware template in the shape real ones have (Qwen2.5's, cut to what this test needs):
+# assistant tool calls as <tool_call> blocks, tool answers as <tool_response> blocks, tools listed.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% elif m.tool_calls %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>"
+    "{{ c.function.name }}({{ c.function.arguments }})</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tool_turns_go_through_a_template_that_renders_them():
+    from conftest import tiny
+
+    from specpipe.serve.openai_api import parse_chat
+    from specpipe.serve.templates import encode_chat
+
+    target = tiny()
+    target.tokenizer.chat_template = TOOL_TEMPLATE
+    request = parse_chat(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"}]},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "weather", "arguments": '{"city":"Oslo"}'},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "-3 C"},
+                ],
+                "tools": [{"type": "function", "function": {"name": "weather", "parameters": {}}}],
+            }
+        ).encode()
+    )
+    text = target.tokenizer.decode(encode_chat(target, request.messages, request.tools, request.uses_tools))
+    assert '<tool_call>weather({"city":"Oslo"})</tool_call>' in text and "<tool_response>-3 C</tool_response>" in text
+    assert '"name": "weather"' in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_shutdown_cuts_a_batch_1_server_too(tmp_path):
+    """The one-request-at-a-time worker (unbatchable targets): the request decoding ends cut
+    ("length", cut: shutdown), the one waiting gets a 503 error object, both logged cancelled."""
+    s = TinyServer(tmp_path, "draft=none", "max_batch=1", "max_tokens_limit=4096")
+    try:
+        ask = {"prompt": "Count:", "max_tokens": 4000}
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(s.request, "POST", "/v1/completions", ask)
+            deadline = time.monotonic() + 30
+            while s.metric("specpipe_steps_total") < 5:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            second = pool.submit(s.request, "POST", "/v1/completions", ask)
+            while s.metric("specpipe_queue_length") < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            s.proc.send_signal(signal.SIGTERM)
+            (status, _, body), (status2, _, body2) = first.result(timeout=60), second.result(timeout=60)
+        assert (
+            status == 200 and body["choices"][0]["finish_reason"] == "length" and body["specpipe"]["cut"] == "shutdown"
+        )
+        assert status2 == 503 and "shutting down" in one_line(body2)
+        _, err = s.proc.communicate(timeout=60)
+        assert s.proc.returncode == 143 and "Traceback" not in err, err
+        assert sorted(r["finish_reason"] for r in s.records()) == ["cancelled", "cancelled"]
+    finally:
+        s.close()
