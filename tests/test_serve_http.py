@@ -413,3 +413,50 @@ def test_shutdown_cuts_a_batch_1_server_too(tmp_path):
         assert sorted(r["finish_reason"] for r in s.records()) == ["cancelled", "cancelled"]
     finally:
         s.close()
+
+
+def this_machines_address() -> str | None:
+    """A non-loopback address of this machine (the route's source address; no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_a_non_loopback_bind_says_so_and_serves_only_with_the_key(tmp_path):
+    address = this_machines_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback address")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specpipe.serve.cli", "port=0", "max_tokens=4", "model=tiny-random"]
+        + [f"host={address}", "allow_remote=true", "api_key=sk-remote-1"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        notice, start = proc.stderr.readline(), proc.stderr.readline()
+        assert "listening beyond this machine" in notice and "Authorization: Bearer" in notice, notice + start
+        assert "sk-remote-1" not in notice + start
+        port = int(re.search(rf"http://{re.escape(address)}:(\d+)/v1", start).group(1))
+
+        def post(headers):
+            conn = http.client.HTTPConnection(address, port, timeout=60)  # this machine's own address
+            conn.request(
+                "POST", "/v1/completions", json.dumps(COMPLETION), {"Content-Type": "application/json", **headers}
+            )
+            status = conn.getresponse().status
+            conn.close()
+            return status
+
+        assert post({}) == 401
+        assert post({"Authorization": "Bearer sk-remote-1"}) == 200
+        assert (
+            post({"Authorization": "Bearer sk-remote-1", "Host": "my-box.lan:8000"}) == 200
+        )  # any name: the key guards
+    finally:
+        proc.kill()
+        proc.wait()
