@@ -2,7 +2,7 @@
 
 On the code suite (SmolLM2, 96 tokens, K = 16) a draft from a 1-token match had its first token accepted
 30% of the time and 1.0 tokens accepted on average, one from a 4-token match 87% and 7.5: pooled rates make
-one K too long for the first and too short for the second (docs/benchmarks.md)."""
+one K too long for the first and too short for the second (docs/benchmarks/log/2026-12-01-auto-match-length.md)."""
 
 from __future__ import annotations
 

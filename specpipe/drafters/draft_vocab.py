@@ -2,7 +2,8 @@
 
 A draft token's cost is the weight bytes it reads, and the LM head is a large share of a small
 model's: Qwen2.5-0.5B's tied head (151,936 x 896) is 27% of its weights, and on this CPU a
-draft token took ~25% less time with a 32k-row head (docs/benchmarks.md). The draft only has to
+draft token took ~25% less time with a 32k-row head (docs/benchmarks/log/2026-12-01-draft-head-cut.md).
+The draft only has to
 guess what the target will say, and that is nearly always a frequent token or one already in the
 context (FR-Spec, Zhao et al. 2025, restricts the draft head the same way). So the head keeps:
 

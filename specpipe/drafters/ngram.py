@@ -6,7 +6,7 @@ Worked example (max_n=2, k=3): context [1, 2, 3, 4, 2, 3]: the suffix
 The most recent earlier match wins; longer n are tried first. The n that
 matched is the draft's `last_evidence`: on the code suite a 1-token match
 led to an accepted first token 30% of the time, a 4-token match 87%
-(docs/benchmarks.md), so budget=auto sizes each draft by its class.
+(docs/benchmarks/log/2026-12-01-auto-match-length.md), so budget=auto sizes each draft by its class.
 
 The context is searched through an incremental hashed n-gram index
 (ngram_index.py): appending a token and looking up a suffix cost the same at

@@ -1,4 +1,4 @@
-"""One target forward over a flattened token tree (route a in docs/benchmarks.md).
+"""One target forward over a flattened token tree (route a in docs/benchmarks/log/2026-11-30-trees-first-slice.md).
 
 Contract: `tree_forward(engine, cache, root_id, tree)` feeds [root, *nodes]
 after the cache's context and returns the engine's ForwardResult: [n + 1,
