@@ -1,9 +1,10 @@
 """Run folders: owned by one process at a time, written so that a crash or a
 full disk leaves only whole files.
 
-Contract: `claim(path)` creates the folder, checks it is writable and takes
-an exclusive lock on it for the life of the process (ConfigError, exit 2,
-when another process holds it or it cannot be written); `claim_fresh(path)`
+Contract: `claim(path)` creates the folder, checks it is writable (with room
+for Hydra's snapshot) and takes an exclusive lock on it for the life of the
+process (ConfigError, exit 2, when another process holds it, an earlier run
+left its events or summary there, or it cannot be written); `claim_fresh(path)`
 does the same but picks `path-2`, `path-3`, ... when `path` is taken (two
 runs started in the same second); `write_atomic(path, data)` writes a temp
 file and renames it, so readers see the old file or the new one, never half.
@@ -23,7 +24,7 @@ _held: dict[str, int] = {}  # real path -> the directory fd holding the lock (re
 
 
 def claim(path: str | Path, option: str = "hydra.run.dir") -> Path:
-    """Create `path`, check it is writable and lock it for this process.
+    """Create `path`, check it is writable and holds no earlier run, and lock it for this process.
 
     Args:
         path: the run folder.
@@ -33,6 +34,7 @@ def claim(path: str | Path, option: str = "hydra.run.dir") -> Path:
     key = os.path.realpath(folder)
     if key in _held:
         return folder
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -51,11 +53,27 @@ def claim(path: str | Path, option: str = "hydra.run.dir") -> Path:
         raise ConfigError(
             f"cannot lock the run folder {folder} ({exc.strerror}): choose another {option}=<folder>"
         ) from exc
+    earlier = [name for name in RUN_FILES if (folder / name).exists()]
+    if earlier:  # a finished (or crashed) run: its events and summary are results, never replaced
+        os.close(fd)
+        raise ConfigError(
+            f"the run folder {folder} holds an earlier run ({', '.join(earlier)}): give this run its own "
+            f"{option}=<folder> (or delete {folder} to replace it)"
+        )
     try:
-        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-")
-        probe.close()
+        _probe(folder)
     except OSError as exc:
         os.close(fd)
+        if created:  # leave no empty folder behind a start that failed
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(
+                f"the disk holding the run folder {folder} is full ({exc.strerror}): free some space "
+                f"or choose another {option}=<folder>"
+            ) from exc
         raise ConfigError(
             f"the run folder {folder} is not writable ({exc.strerror}): choose another {option}=<folder>"
         ) from exc
@@ -63,11 +81,25 @@ def claim(path: str | Path, option: str = "hydra.run.dir") -> Path:
     return folder
 
 
+RUN_FILES = ("events.jsonl", "summary.json")  # what a run writes into its folder: present = a run was here
+PROBE_BYTES = 32 * 1024  # Hydra's .hydra/ snapshot (three files of 4 KiB blocks) and the first event lines
+
+
+def _probe(folder: Path) -> None:
+    """Write PROBE_BYTES into the folder and remove them: Hydra writes its snapshot there before any of
+    our code runs, so a full disk must be found now, not as Hydra's ENOSPC traceback."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as probe:
+        probe.write(b"\0" * PROBE_BYTES)
+        probe.flush()
+        os.fsync(probe.fileno())
+
+
 def claim_fresh(path: str | Path, option: str = "hydra.run.dir") -> Path:
     """`path` if no other process has claimed it, else the first free `path-2`, `path-3`, ..."""
     base = Path(path).expanduser()
     for n in range(1, 1000):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        made = [p for p in (folder.parent, *folder.parent.parents) if not p.exists()]
         try:
             folder.parent.mkdir(parents=True, exist_ok=True)
             folder.mkdir()  # atomic: exactly one process creates each name
@@ -77,8 +109,21 @@ def claim_fresh(path: str | Path, option: str = "hydra.run.dir") -> Path:
             raise ConfigError(
                 f"cannot create the run folder {folder} ({exc.strerror}): choose a writable {option}=<folder>"
             ) from exc
-        return claim(folder, option)
+        try:
+            return claim(folder, option)
+        except ConfigError:
+            for empty in (folder, *made):  # a full disk: take back the folders this call made
+                try:
+                    empty.rmdir()
+                except OSError:
+                    break
+            raise
     raise ConfigError(f"no free run folder next to {base}: choose {option}=<folder>")
+
+
+def claimed() -> list[str]:
+    """The run folders this process holds (real paths)."""
+    return list(_held)
 
 
 def release(path: str | Path) -> None:
@@ -149,12 +194,19 @@ def fresh_dir_resolver(path: str) -> str:
         except ConfigError as exc:
             import sys
 
-            print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
+            print(f"{_tool or Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
     return _fresh[path]
 
 
 _fresh: dict[str, str] = {}
+_tool = ""  # the console script's name for messages (`python -m specpipe.cli` has argv[0] `__main__.py`)
+
+
+def name_tool(tool: str) -> None:
+    """Name the command in the resolver's one-line errors (shell.hydra_main calls it)."""
+    global _tool
+    _tool = tool
 
 
 def reserve_space(folder: Path, size: int = 64 * 1024) -> Path | None:

@@ -42,7 +42,7 @@ class RunResult(msgspec.Struct, kw_only=True):
     versions: dict[str, str] = {}
     device: dict[str, str] = {}
     output_dir: str = ""
-    interrupted_by: str = ""  # "SIGTERM", "Ctrl-C (SIGINT)", ... when stop_reason is "interrupted"
+    interrupted_by: str = ""  # "SIGTERM", "Ctrl-C (SIGINT)", ... when stop_reason is "interrupted" or stdout failed
     error: str = ""  # set when the run folder could not be written (disk full); what was kept is said there
 
 
@@ -125,7 +125,8 @@ def run(
         versions=versions(),
         device=device(),
         output_dir=str(out),
-        interrupted_by=signals.name() if finished.stop_reason == "interrupted" else "",
+        # a stdout that failed after the last token (stream=false | true) is named too: the text never arrived
+        interrupted_by=signals.name() if finished.stop_reason == "interrupted" or signals.stdout_lost() else "",
     )
     if writer.failed is not None:
         result.error = f"cannot write to {out} ({writer.failed.strerror}) after {len(result.tokens)} tokens"

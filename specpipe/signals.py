@@ -4,7 +4,8 @@ so the one code path that keeps what was generated serves them all.
 
 Contract: `install()` once per process (console scripts call it first); the
 exit code of an interrupted command is `exit_code()` (130 SIGINT, 143
-SIGTERM, 129 SIGHUP, 141 broken pipe); `deferred()` holds a signal back
+SIGTERM, 129 SIGHUP, 141 broken pipe, 74 any other failed stdout write:
+a full disk, an I/O error); `deferred()` holds a signal back
 while a file is being written, so a checkpoint or summary is never cut in
 half by the stop it is recording. A signal that was ignored when the process
 started (nohup, a background job) stays ignored.
@@ -19,11 +20,14 @@ from contextlib import contextmanager
 
 STOP_SIGNALS: dict[int, str] = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 BROKEN_PIPE = 13  # SIGPIPE's number: the exit code convention for "the reader went away" (128 + 13)
+STDOUT_FAILED = -1  # stdout could not be written (ENOSPC, EIO, ...): no signal number, so a code of its own
+EXIT_STDOUT_FAILED = 74  # sysexits.h EX_IOERR: "an error occurred while doing I/O on some file"
 
 _received: int | None = None  # the first stop signal (or BROKEN_PIPE) this process got
 _defer_depth = 0
 _pending = False  # a signal arrived inside deferred(): raise when the outermost block ends
 _raised = False  # KeyboardInterrupt already raised once: later signals are recorded, not raised again
+_stdout_error = ""  # strerror of the failed stdout write, for name()
 
 
 def install() -> None:
@@ -46,12 +50,14 @@ def _handle(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
-def note_broken_pipe() -> None:
-    """stdout's reader went away: silence stdout and stop like a signal would."""
-    global _received, _raised
+def note_stdout_lost(exc: OSError) -> None:
+    """stdout cannot be written (its reader went away, or a full disk / an I/O error behind a redirect):
+    silence stdout and stop like a signal would. The caller raises KeyboardInterrupt itself."""
+    global _received, _raised, _stdout_error
     if _received is None:
-        _received = BROKEN_PIPE
-    _raised = True  # the caller raises KeyboardInterrupt itself
+        _received = BROKEN_PIPE if isinstance(exc, BrokenPipeError) else STDOUT_FAILED
+        _stdout_error = exc.strerror or str(exc)
+    _raised = True
     try:  # later writes (and the interpreter's final flush) go nowhere instead of raising again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -81,21 +87,35 @@ def received() -> int | None:
     return _received
 
 
+def stdout_lost() -> bool:
+    """True once stdout could not be written (a closed pipe, a full disk): output was lost."""
+    return _received in (BROKEN_PIPE, STDOUT_FAILED)
+
+
 def name() -> str:
     """What stopped the process, for messages: "SIGTERM", "a closed stdout pipe", ... ("Ctrl-C" by default)."""
     if _received == BROKEN_PIPE:
         return "a closed stdout pipe"
+    if _received == STDOUT_FAILED:
+        return f"a failed write to stdout ({_stdout_error})"
     if _received in (None, signal.SIGINT):
         return "Ctrl-C (SIGINT)"
     return STOP_SIGNALS.get(_received, f"signal {_received}")
 
 
 def exit_code() -> int:
-    """128 + the signal's number, as shells report it; 130 when it was a plain KeyboardInterrupt."""
+    """128 + the signal's number, as shells report it; 130 when it was a plain KeyboardInterrupt;
+    74 when stdout could not be written for another reason than a closed pipe."""
+    # CPython remembers a KeyboardInterrupt that escaped an exec() of source text (a dataclass or namedtuple
+    # being built when the signal landed) and kills itself with SIGINT at exit, whatever code it exits with
+    # (-2 where 143 was due); each exec() of text resets that flag, so a trivial one makes our code stand.
+    exec("None", {})  # noqa: S102
+    if _received == STDOUT_FAILED:
+        return EXIT_STDOUT_FAILED
     return 128 + (_received or signal.SIGINT)
 
 
 def reset() -> None:
     """Forget what was received (tests, and a process that goes on after handling one)."""
-    global _received, _pending, _raised
-    _received, _pending, _raised = None, False, False
+    global _received, _pending, _raised, _stdout_error
+    _received, _pending, _raised, _stdout_error = None, False, False, ""

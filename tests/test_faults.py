@@ -144,6 +144,45 @@ def test_read_only_run_folder(tmp_path):
         os.chmod(folder, 0o700)
 
 
+def test_a_finished_run_folder_is_never_overwritten(tmp_path):
+    folder = tmp_path / "D"
+    first = run_cli([*TINY, "max_tokens=4", f"hydra.run.dir={folder}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    kept = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    again = run_cli([*TINY, "max_tokens=8", "sampling.seed=2", f"hydra.run.dir={folder}"], tmp_path)
+    assert again.returncode == 2
+    assert "holds an earlier run (events.jsonl, summary.json)" in error_line(again.stderr)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == kept  # .hydra/ included
+
+
+def _full_tmpfs(mnt: Path) -> None:
+    """A tiny tmpfs at `mnt`, filled to the last block (skip where mounting is not allowed); the caller unmounts."""
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    with open(mnt / "fill", "wb", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def test_run_folder_on_a_full_disk(tmp_path):
+    """Hydra writes .hydra/ before any of specpipe's code runs: the full disk is found before it does."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    try:
+        _full_tmpfs(mnt)
+        for args in ([f"hydra.run.dir={mnt / 'run'}"], []):  # a named folder, and the default one under outputs/
+            proc = run_cli([*TINY, "max_tokens=4", *args], mnt)
+            assert proc.returncode == 2, proc.stderr
+            line = error_line(proc.stderr)
+            assert "is full (No space left on device): free some space or choose another hydra.run.dir" in line
+            assert sorted(p.name for p in mnt.iterdir()) == ["fill"]  # no snapshot, no empty folders left
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 # ---------------------------------------------------------------- full disk
 
 
@@ -225,6 +264,55 @@ def test_replay_skips_a_torn_last_line(tmp_path):
         read_recording(path)
 
 
+def _chat_in_a_terminal(args: list[str], cwd: Path, ready: str) -> tuple[int, str]:
+    """`specpipe-chat *args` in a pseudo-terminal (as a user runs it): wait until `ready` is on the
+    screen, quit with Ctrl+Q; return the exit code and everything it wrote."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", *args],
+        cwd=cwd,
+        env=dict(ENV, TERM="xterm"),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=_default_stop_signals,
+    )
+    os.close(slave)
+    seen, quit_at, deadline = b"", 0.0, time.time() + 120
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the terminal closed: the app exited
+                    break
+            if ready.encode() in seen and time.time() > quit_at + 2:
+                os.write(master, b"\x11")  # Ctrl+Q (again if a key sent while the app set up was lost)
+                quit_at = time.time()
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return code, seen.decode(errors="replace")
+
+
+def test_replay_and_resume_of_a_torn_recording_through_the_cli(tmp_path):
+    """The CLI read recordings strictly (exit 2) although the docs promise to skip a torn last line."""
+    proc = run_cli([*TINY, "max_tokens=8", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "r" / "events.jsonl"
+    path.write_bytes(path.read_bytes()[:-40])  # the last line cut mid-way, as a crash leaves it
+    notice = f"specpipe-chat: skipped a torn last line in {path}"
+    code, screen = _chat_in_a_terminal(["--replay", str(path), "--speed", "0"], tmp_path, "Quit")
+    assert code == 0 and notice in screen and "cannot read" not in screen, screen[-2000:]
+    code, screen = _chat_in_a_terminal(["--resume", str(path)], tmp_path, "Quit")
+    assert code == 0 and notice in screen and "events recorded to" in screen, screen[-2000:]
+
+
 # ---------------------------------------------------------------- stop signals and pipes
 
 
@@ -279,6 +367,35 @@ def test_ctrl_c_reaches_a_long_prefill(tmp_path):
     assert stopped_after < 60
 
 
+@pytest.mark.parametrize("sig, code, name", [(signal.SIGINT, 130, "Ctrl-C (SIGINT)"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_stop_signal_while_starting_or_loading(tmp_path, sig, code, name):
+    """Ctrl-C / SIGTERM before generation starts (imports, the override check, Hydra, the model load)."""
+    # the override check composes every job of a sweep first (~0.1-0.3 s each here): a signal 2 s in lands there
+    # (before the fix: a KeyboardInterrupt traceback and death by SIGINT); its last job is bad, so a signal that
+    # came too late shows as an exit 2
+    sweep = ["-m", "sampling.seed=0,-1", "budget.k=range(1,33)", f"hydra.sweep.dir={tmp_path / 'm'}"]
+    proc = start("specpipe.cli", [*TINY, "max_tokens=2", *sweep], tmp_path, stdout=subprocess.DEVNULL)
+    time.sleep(2)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    line = error_line(err)
+    assert line == f"specpipe: error: stopped by {name} before generation started; nothing was written"
+    # and while the model loads: a tiny model of many wide layers takes seconds to build
+    big = ["+model.tiny.num_hidden_layers=24", "+model.tiny.hidden_size=512", "+model.tiny.intermediate_size=2048"]
+    folder = tmp_path / "r"
+    proc = start(
+        "specpipe.cli", [*TINY, *big, "draft=none", f"hydra.run.dir={folder}"], tmp_path, stdout=subprocess.DEVNULL
+    )
+    wait_for(lambda: (folder / ".hydra" / "overrides.yaml").exists() or proc.poll() is not None)  # Hydra's last step
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert error_line(err).startswith(f"specpipe: error: stopped by {name} before generation started")
+    assert not folder.exists()  # nothing but Hydra's snapshot was there: removed
+
+
 def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
     proc = start(
         "specpipe.cli",
@@ -292,6 +409,33 @@ def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
     assert proc.returncode == 141, err
     assert "Traceback" not in err and "(interrupted by a closed stdout pipe)" in err.strip().splitlines()[-1]
     assert_kept(tmp_path / "r", "interrupted")
+
+
+def test_stdout_write_error_keeps_the_summary(tmp_path):
+    """`specpipe ... > /dev/full`: ENOSPC on stdout (EIO alike) ends the run as a closed pipe does, exit 74."""
+    with open("/dev/full", "w") as full:
+        proc = start("specpipe.cli", [*TINY, "max_tokens=50", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path, stdout=full)
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 74, err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 2 and lines[0].startswith("specpipe: tiny-random"), err
+    assert "(interrupted by a failed write to stdout (No space left on device))" in lines[1]
+    summary = assert_kept(tmp_path / "r", "interrupted")
+    assert summary["interrupted_by"] == "a failed write to stdout (No space left on device)"
+
+
+def test_unstreamed_answer_into_a_closed_pipe(tmp_path):
+    """`specpipe stream=false ... | true`: the answer is written after the last token, to a reader that left."""
+    proc = start("specpipe.cli", [*TINY, "stream=false", "max_tokens=20", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    proc.stdout.close()  # `| true`: the reader is gone before anything is written
+    err = proc.stderr.read()
+    proc.wait(timeout=300)
+    assert proc.returncode == 141, err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 2, err
+    assert "(max_tokens, output cut by a closed stdout pipe)" in lines[1]
+    summary = assert_kept(tmp_path / "r", "max_tokens")  # every token was generated and kept
+    assert summary["interrupted_by"] == "a closed stdout pipe" and len(summary["tokens"]) == 20
 
 
 def test_stop_signal_during_bench(tmp_path):

@@ -301,14 +301,14 @@ def web_command(flags: Flags) -> str:
 
 
 def _read(path: str) -> list:
+    """The events of a recording, for --replay, --resume and --web alike: a torn last line (a crash,
+    a full disk) is skipped with a notice, as docs/faults.md promises; anything else wrong is one line, exit 2."""
     import msgspec
 
-    from specpipe.events import read_events
     from tui.sources import ReplaySource
 
     try:
-        events = read_events(path)
-        ReplaySource(events)  # the same checks a replay makes (a RunStarted, ...)
+        events = ReplaySource.from_file(path).events  # the same checks a replay makes (a RunStarted, ...)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
         _fail(f"cannot read {path}: {exc}", EXIT_CONFIG)
     return events

@@ -3,32 +3,50 @@ the stream on stdout, a header and a summary line on stderr.
 
 Every user error ends as one line on stderr and a non-zero exit, never a traceback: config
 errors exit 2, model/run errors exit 1, Ctrl-C exits 130, SIGTERM 143, SIGHUP 129, a closed
-stdout pipe 141 (docs/faults.md).
+stdout pipe 141, any other failed stdout write (a full disk, an I/O error) 74 (docs/faults.md).
+A stdout that fails, even after the last token (`stream=false ... | true`), ends the run the
+way a stop does: the run folder keeps everything, and the exit code says the text was lost.
 """
 
 from __future__ import annotations
 
 import sys
 
-from specpipe.cli.shell import EXIT_RUN, fail, hydra_main
-
 TOOL = "specpipe"
 
 
 def main() -> None:
-    hydra_main(TOOL, "config", _task, prompts=True, interrupted=" before generation started; nothing was written")
+    from specpipe import signals
+
+    signals.install()  # first: a Ctrl-C while the rest imports is one line too (hydra_main installs it again)
+    interrupted = " before generation started; nothing was written"
+    try:
+        from specpipe.cli.shell import hydra_main
+    except KeyboardInterrupt:
+        print(f"{TOOL}: error: stopped by {signals.name()}{interrupted}", file=sys.stderr)
+        sys.exit(signals.exit_code())
+    hydra_main(TOOL, "config", _task, prompts=True, interrupted=interrupted)
 
 
 def _task(cfg) -> None:
     from specpipe import signals
+    from specpipe.cli.shell import EXIT_RUN, fail
     from specpipe.runner import run
 
     result = run(cfg, on_event=TerminalPrinter(stream=cfg.stream, progress_tokens=cfg.prefill.progress_tokens))
     if result.error:  # the run folder could not be written (disk full): the line says what was kept
         fail(TOOL, result.error, EXIT_RUN)
-    print(summary_line(result), file=sys.stderr)
-    if result.stop_reason == "interrupted":
+    say(summary_line(result))
+    if result.stop_reason == "interrupted" or signals.stdout_lost():
         sys.exit(signals.exit_code())
+
+
+def say(line: str) -> None:
+    """A line on stderr, if stderr can still be written: a closed or full stderr must not cost the run."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 class TerminalPrinter:
@@ -47,10 +65,9 @@ class TerminalPrinter:
             draft = f" + draft {event.draft.name}" if event.draft else ""
             if event.draft_head_rows is not None:  # draft.vocab: say that the draft's head is cut, and to what
                 draft += f" (head cut to {event.draft_head_rows} rows + the context's)"
-            print(
+            say(
                 f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
-                f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}",
-                file=sys.stderr,
+                f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}"
             )
         elif isinstance(event, Emitted) and self.stream:
             self._write(event.text)
@@ -64,8 +81,8 @@ class TerminalPrinter:
         try:
             sys.stdout.write(text)
             sys.stdout.flush()
-        except BrokenPipeError:  # `specpipe ... | head`: the reader left; stop as a signal would, keeping the run
-            signals.note_broken_pipe()
+        except OSError as exc:  # `| head` left (EPIPE), `> /dev/full` (ENOSPC), EIO: stop as a signal would
+            signals.note_stdout_lost(exc)
             raise KeyboardInterrupt from None
 
 
@@ -81,9 +98,14 @@ class PrefillBar:
         self.t0 = 0.0
 
     def __call__(self, event) -> None:
+        try:
+            self._show(event, self.stream or sys.stderr)
+        except (OSError, ValueError):  # a stderr that cannot be written only loses the bar
+            pass
+
+    def _show(self, event, out) -> None:
         from specpipe.events import PrefillDone, PrefillProgress, RunStarted
 
-        out = self.stream or sys.stderr
         if isinstance(event, RunStarted):
             self.t0 = event.t
         elif isinstance(event, PrefillProgress) and event.total >= self.min_tokens and out.isatty():
@@ -103,7 +125,9 @@ class PrefillBar:
 
 def summary_line(result) -> str:
     s = result.stats
-    by = f" by {result.interrupted_by}" if getattr(result, "interrupted_by", "") else ""
+    by = getattr(result, "interrupted_by", "")
+    if by:  # a stdout that failed after the last token (stream=false | true) cut only the output
+        by = f" by {by}" if result.stop_reason == "interrupted" else f", output cut by {by}"
     return (
         f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}) | acceptance {s.acceptance_rate:.0%} "
         f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "

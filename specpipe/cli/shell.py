@@ -47,17 +47,26 @@ def hydra_main(
     from specpipe.cli.argv import prepare_argv
 
     signals.install()  # SIGTERM / SIGHUP stop a command as Ctrl-C does
-    preload_blas()
-    prepare_argv(config_name, tool, prompts=prompts)
-    import hydra
-
-    import specpipe.config  # noqa: F401  (registers the schemas)
 
     def guarded(cfg) -> None:
         preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped this function
         run_guarded(tool, lambda: task(cfg), interrupted)
 
-    hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
+    def start() -> None:
+        from specpipe.run_folder import name_tool
+
+        name_tool(tool)
+        preload_blas()
+        prepare_argv(config_name, tool, prompts=prompts)
+        import hydra
+
+        import specpipe.config  # noqa: F401  (registers the schemas)
+
+        hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
+
+    # A stop before the task (imports, the override check, Hydra's own start: a second or more) is
+    # one line too; `guarded` handles the ones that land inside the task.
+    run_guarded(tool, start, interrupted)
 
 
 def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothing was written") -> None:
@@ -78,8 +87,11 @@ def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothi
 
 
 def fail(tool: str, message: str, code: int) -> None:
-    """`tool: error: message` on stderr, exit `code`."""
-    print(f"{tool}: error: {message}", file=sys.stderr)
+    """`tool: error: message` on stderr, exit `code` (the code even when stderr cannot be written)."""
+    try:
+        print(f"{tool}: error: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
     sys.exit(code)
 
 
@@ -102,13 +114,23 @@ def preload_blas() -> None:
 def drop_empty_run_folder() -> None:
     """Hydra makes the run folder before the task; a task that failed before writing anything
     leaves nothing worth keeping there (only Hydra's own .hydra/ snapshot), so remove it."""
-    import shutil
     from pathlib import Path
 
-    out = hydra_output_dir()
-    if out is None:
-        return
-    folder = Path(out)
+    from specpipe.run_folder import claimed
+
+    try:
+        out = hydra_output_dir()
+    except Exception:  # noqa: BLE001  (a stop cut `import hydra` short: Hydra made no folder yet)
+        out = None
+    # a stop between Hydra's snapshot and the task finds Hydra's config already reset: the folders this
+    # process claimed (hydra.run.dir=..., the default one) are the same run's
+    for folder in {Path(p) for p in ([out] if out else []) + claimed()}:
+        _drop_if_empty(folder)
+
+
+def _drop_if_empty(folder) -> None:
+    import shutil
+
     if not folder.is_dir():
         return
     leftovers = [
