@@ -128,7 +128,9 @@ def _task(cfg) -> None:
         f"specpipe-serve preset={cfg.save_as}"
     )
     print(
-        f"{TOOL}: {sum(per_kind.values()) * len(candidates)} prompts per option, results in {results}", file=sys.stderr
+        f"{TOOL}: {len(candidates)} candidate(s) x {sum(per_kind.values())} prompt(s), each option checked against "
+        f"plain decoding; results in {results}",
+        file=sys.stderr,
     )
 
 
