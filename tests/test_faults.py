@@ -438,6 +438,34 @@ def test_unstreamed_answer_into_a_closed_pipe(tmp_path):
     assert summary["interrupted_by"] == "a closed stdout pipe" and len(summary["tokens"]) == 20
 
 
+@pytest.mark.parametrize("module", ["specpipe.bench.harness", "specpipe.cli.calibrate"])
+def test_results_into_a_full_stdout(tmp_path, module):
+    """`specpipe-bench ... > /dev/full`, `specpipe-calibrate ... > /dev/full`: one line saying where the result is."""
+    tool, args, kept = {
+        "specpipe.bench.harness": (
+            "specpipe-bench",
+            ["suite=code", "limit=1", "max_tokens=8", "anchor=false", "warmup=false"],
+            tmp_path / "r" / "bench.jsonl",
+        ),
+        "specpipe.cli.calibrate": ("specpipe-calibrate", ["quick=true", "contexts=false"], tmp_path / "r"),
+    }[module]
+    env = dict(ENV, SPECPIPE_CACHE=str(tmp_path / "cache"))
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "model=tiny-random", *args, f"hydra.run.dir={tmp_path / 'r'}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"{tool}: error: cannot write to stdout (No space left on device): ") and str(kept) in line
+    assert (kept if kept.suffix else kept / "calibration.json").stat().st_size > 0  # the result is kept
+
+
 def test_stop_signal_during_bench(tmp_path):
     args = [
         "model=tiny-random",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import cast
 
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.cli.shell import Stopped, hydra_main
+from specpipe.cli.shell import Stopped, hydra_main, print_result
 
 RESULTS_NAME = "bench.jsonl"
 WARMUP_TOKENS = 8
@@ -54,8 +54,9 @@ def _task(cfg) -> None:
         raise Stopped(f": every finished prompt is in {results} (rerun with resume=true results={results})") from None
     from specpipe.bench.report import verdicts
 
-    for line in verdicts(records):
-        print(line)
+    lines = list(verdicts(records))
+    if lines:
+        print_result("specpipe-bench", "\n".join(lines), f"every measured prompt is in {results}")
     bad = sum(not r["tokens_match"] for r in records)
     bad += sum(run.get("first_mismatch") is not None for r in records for run in (r.get("fixed") or {}).values())
     flag = f", {bad} TOKEN MISMATCHES (see the report)" if bad else ""

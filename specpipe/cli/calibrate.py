@@ -30,7 +30,12 @@ def main() -> None:
 
 
 def _task(cfg) -> None:
-    print(calibrate(cfg))
+    from specpipe.cli.shell import hydra_output_dir, print_result
+
+    text = calibrate(cfg)
+    print_result(
+        "specpipe-calibrate", text, f"the calibration is saved in {hydra_output_dir() or 'outputs/calibration'}"
+    )
 
 
 def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:

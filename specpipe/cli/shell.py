@@ -27,6 +27,7 @@ __all__ = [
     "hydra_main",
     "hydra_output_dir",
     "preload_blas",
+    "print_result",
 ]
 
 
@@ -84,6 +85,19 @@ def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothi
     except KeyboardInterrupt:
         drop_empty_run_folder()
         fail(tool, f"stopped by {signals.name()}{interrupted}", signals.exit_code())
+
+
+def print_result(tool: str, text: str, kept: str) -> None:
+    """`text` on stdout. A stdout that cannot take it (a closed pipe: 141; a full disk or an I/O error
+    behind a redirect: 74) is one line saying where the result is kept (`kept`), never a traceback."""
+    from specpipe import signals
+
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except OSError as exc:
+        signals.note_stdout_lost(exc)  # also points stdout at /dev/null: the interpreter's last flush is quiet
+        fail(tool, f"cannot write to stdout ({exc.strerror}): {kept}", signals.exit_code())
 
 
 def fail(tool: str, message: str, code: int) -> None:
