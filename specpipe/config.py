@@ -167,7 +167,7 @@ class PrefillConfig:
 class BlasConfig:
     # OpenBLAS threads; null: the cores other processes leave free at start (engine/load/blas.py). Read from
     # the command line before Hydra composes (the BLAS loads before MLX), kept here so the snapshot has it
-    threads: int | None = None
+    threads: int | None = MISSING
 
 
 @dataclass
@@ -239,8 +239,8 @@ class SuiteConfig:
     path: str | None = MISSING  # a JSONL file of {"id", "prompt"} lines; wins over name
     chat: bool = MISSING  # wrap prompts in the model's chat template
     system: str | None = MISSING
-    format: str = "jsonl"  # jsonl ({"id", "prompt"} lines) | spec-bench (Spec-Bench's question.jsonl, first turns)
-    per_category: int | None = None  # spec-bench: this many questions per category, evenly spaced (None: all)
+    format: str = MISSING  # jsonl ({"id", "prompt"} lines) | spec-bench (Spec-Bench's question.jsonl, first turns)
+    per_category: int | None = MISSING  # spec-bench: this many questions per category, evenly spaced (None: all)
 
 
 @dataclass
