@@ -149,3 +149,20 @@ def test_a_stopped_tune_keeps_its_measurements_and_the_same_command_resumes(tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"[bench] resume: {len(kept)} of 6 prompts already in" in again.stderr, again.stderr
     assert len((tmp_path / "outputs" / "tune" / "stop.jsonl").read_text().splitlines()) == 6
+
+
+def test_spec_bench_questions_get_a_verdict_per_task(tmp_path):
+    """prompts.format=spec-bench reads Spec-Bench's question.jsonl through the bench's reader (first turns,
+    MT-Bench's categories as one task) and the verdicts come one per task."""
+    rows = [
+        {"question_id": 81 + i, "category": cat, "turns": [f"{cat}: say a b a b a b", "second turn"]}
+        for i, cat in enumerate(["writing", "coding", "translation", "summarization", "qa", "math_reasoning", "rag"])
+    ]
+    (tmp_path / "question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["model=tiny-random", "suites=[]", "prompts.file=question.jsonl", "prompts.format=spec-bench"]
+    args += ["prompts.per_category=1", "max_tokens=4", "ks=[4]", "widen_to=[]", "save_as=specbench"]
+    proc = run("specpipe.tune.cli", args, tmp_path, tmp_path / "config")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tasks = [line.split(":", 1)[0] for line in proc.stdout.split("\n\n", 1)[0].splitlines()]
+    assert tasks == ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation"], proc.stdout
+    assert "| mt_bench | draft=ngram | auto | 1 |" in proc.stdout  # writing, coding: one task, one question drawn

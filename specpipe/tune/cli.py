@@ -84,7 +84,7 @@ def _task(cfg) -> None:
     from specpipe.bench.records import load_suite
     from specpipe.tune.plan import bench_node, parse_candidate, task_kinds
     from specpipe.tune.preset import check_name, write_preset
-    from specpipe.tune.routine import has_recurrent_layers, measure_all, probe_target
+    from specpipe.tune.routine import by_category, has_recurrent_layers, measure_all, probe_target
     from specpipe.tune.verdict import summarise, table, verdicts, winner
 
     check_name(cfg.save_as)
@@ -98,7 +98,14 @@ def _task(cfg) -> None:
         results.unlink()
     kinds = task_kinds(cfg, results.parent)
     first = bench_node(cfg, candidates[0], kinds[0], None, list(cfg.ks), results)
-    per_kind = {k.name: len(load_suite(k.suite or "code", k.path, cfg.limit)) for k in kinds}
+    per_kind = {
+        k.name: len(
+            load_suite(
+                k.suite or "code", k.path, None if k.format == "spec-bench" else cfg.limit, k.format, k.per_category
+            )
+        )
+        for k in kinds
+    }
     progress = Progress(sum(per_kind.values()) * len(candidates))
     try:
         for line in probe_target(first):
@@ -113,6 +120,7 @@ def _task(cfg) -> None:
         raise Stopped(f": every finished measurement is in {results}; run the same command again to resume") from None
     finally:
         progress.close()
+    outcomes = by_category(outcomes)  # Spec-Bench: a verdict per task
     lines = verdicts(outcomes, cfg.pays_at)
     for line in lines:
         print(line)

@@ -20,6 +20,8 @@ class TunePromptsConfig:
         MISSING  # your prompts: a .jsonl of {"id", "prompt"}, or text with prompts split by `---` lines; "-": stdin
     )
     kind: str = MISSING  # the task kind they are, named in the verdict
+    format: str = MISSING  # jsonl | text | spec-bench (Spec-Bench's question.jsonl: one verdict per task)
+    per_category: int | None = MISSING  # spec-bench: this many questions of each task (None: all)
 
 
 @dataclass

@@ -45,6 +45,8 @@ class Kind:
     name: str  # what the verdict calls it: the suite's name, or prompts.kind
     suite: str | None  # a packaged suite
     path: str | None = None  # or a JSONL of the user's prompts
+    format: str = "jsonl"  # the bench's suite.format: jsonl, or spec-bench (a verdict per Spec-Bench task)
+    per_category: int | None = None
 
 
 def parse_candidate(spec: str) -> Candidate:
@@ -86,7 +88,14 @@ def task_kinds(cfg, folder: Path) -> list[Kind]:
         if name not in suite_names():
             raise ConfigError(f"suites: no packaged suite {name!r}; choose from {', '.join(suite_names())}")
         kinds.append(Kind(name=name, suite=name))
-    if cfg.prompts.file:
+    if cfg.prompts.file and cfg.prompts.format == "spec-bench":  # the bench's reader; records carry each task
+        if not Path(cfg.prompts.file).is_file():
+            raise ConfigError(f"prompts.file={cfg.prompts.file} does not exist: give Spec-Bench's question.jsonl")
+        path = str(Path(cfg.prompts.file).resolve())
+        kinds.append(Kind(cfg.prompts.kind, None, path, "spec-bench", cfg.prompts.per_category))
+    elif cfg.prompts.file:
+        if cfg.prompts.format not in ("jsonl", "text"):
+            raise ConfigError(f"prompts.format={cfg.prompts.format}: choose jsonl, text or spec-bench")
         kinds.append(
             Kind(name=cfg.prompts.kind, suite=None, path=str(user_prompts(cfg.prompts.file, cfg.prompts.kind, folder)))
         )
@@ -149,6 +158,10 @@ def bench_node(
     # the composed suite node keeps its schema's keys (chat, system, ...); only which prompts changes
     node.suite.name = kind.suite or kind.name
     node.suite.path = kind.path
+    node.suite.format = kind.format
+    node.suite.per_category = kind.per_category
+    if kind.format == "spec-bench":
+        node.limit = None  # prompts.per_category draws from every task; a limit would cut whole tasks off
     node.fixed_ks = list(fixed_ks) or None
     node.results = str(results)
     node.resume = True

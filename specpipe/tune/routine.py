@@ -113,10 +113,7 @@ def measure_all(cfg, candidates: list[Candidate], kinds: list[Kind], results: Pa
             outcome.options["auto"] = [spec_run(r) for r in recs]
             for k in ks:
                 outcome.options[f"K={k}"] = [
-                    r["fixed"][str(k)]
-                    | {"prompt_id": r["prompt_id"], "lossless": r["fixed"][str(k)]["first_mismatch"] is None}
-                    for r in recs
-                    if r.get("fixed") and str(k) in r["fixed"]
+                    fixed_run(r, str(k)) for r in recs if r.get("fixed") and str(k) in r["fixed"]
                 ]
             last = max(ks) if ks else 0
             held = tail_acceptance(outcome.options.get(f"K={last}", []), last)
@@ -135,9 +132,35 @@ def spec_run(record: dict) -> dict:
     """A record's speculative run with what the record holds about it: its speed-up and its token check."""
     return record["spec"] | {
         "prompt_id": record["prompt_id"],
+        "category": record.get("category"),
         "speedup": record["speedup"],
         "lossless": record["tokens_match"],
     }
+
+
+def fixed_run(record: dict, k: str) -> dict:
+    """A record's fixed-K run beside the budget (its speed-up is already over the same baseline)."""
+    run = record["fixed"][k]
+    return run | {
+        "prompt_id": record["prompt_id"],
+        "category": record.get("category"),
+        "lossless": run["first_mismatch"] is None,
+    }
+
+
+def by_category(outcomes: list[Outcome]) -> list[Outcome]:
+    """A Spec-Bench kind becomes one outcome per task (its records name it), so each task gets its verdict."""
+    out = []
+    for o in outcomes:
+        categories = sorted({run["category"] for runs in o.options.values() for run in runs if run.get("category")})
+        if not categories or o.skipped:
+            out.append(o)
+            continue
+        for category in categories:
+            kind = Kind(name=category, suite=None, path=o.kind.path, format=o.kind.format)
+            options = {name: [r for r in runs if r.get("category") == category] for name, runs in o.options.items()}
+            out.append(Outcome(o.candidate, kind, options))
+    return out
 
 
 def outcome_label(outcome: Outcome) -> str:

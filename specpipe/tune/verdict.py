@@ -30,6 +30,11 @@ class Option:
     lossless: bool
     prompts: int
 
+    @property
+    def credible(self) -> float:
+        """The speed-up, capped at tokens per forward: a step's forward costs at least T(1), so more is noise."""
+        return min(self.speedup, self.tokens_per_forward)
+
     def budget_words(self) -> str:
         return "budget=auto" if self.name == "auto" else f"budget=fixed budget.k={self.name[2:]}"
 
@@ -57,7 +62,7 @@ def summarise(outcome: Outcome) -> list[Option]:
 def best_of(outcomes: list[Outcome]) -> tuple[Outcome, Option] | None:
     """The fastest lossless option over these outcomes."""
     pairs = [(o, opt) for o in outcomes for opt in summarise(o) if opt.lossless]
-    return max(pairs, key=lambda p: p[1].speedup) if pairs else None
+    return max(pairs, key=lambda p: p[1].credible) if pairs else None
 
 
 def verdicts(outcomes: list[Outcome], pays_at: float) -> list[str]:
@@ -72,10 +77,15 @@ def verdicts(outcomes: list[Outcome], pays_at: float) -> list[str]:
             continue
         o, opt = best
         auto = next((a for a in summarise(o) if a.name == "auto"), None)
-        if opt.speedup < pays_at:
+        if opt.credible < pays_at:  # 1.28x at 1.00 tokens per forward is a slowed baseline, not a gain
             fallback = f" ({auto.speedup:.2f}x)" if auto else ""
+            said = f"best {opt.speedup:.2f}x"
+            if opt.speedup > opt.credible:
+                said += (
+                    f" measured, of which its {opt.tokens_per_forward:.2f} tokens per forward allow {opt.credible:.2f}x"
+                )
             lines.append(
-                f"{kind}: speculation does not pay here (best {opt.speedup:.2f}x: {o.candidate.label()} "
+                f"{kind}: speculation does not pay here ({said}: {o.candidate.label()} "
                 f"{opt.budget_words()}); keep budget=auto, which falls back to plain decoding{fallback}{warn}"
             )
             continue
@@ -130,7 +140,7 @@ def winner(outcomes: list[Outcome], pays_at: float) -> tuple[Candidate, str]:
         if name != "auto" and min(opt.speedup for opt in opts) < 1.0 / 1.03:
             continue  # a fixed K that loses somewhere is not a setting to leave on
         # a step's forward costs at least T(1), so a speed-up above tokens per forward is noise: rank by at most that
-        geo = math.exp(statistics.fmean(math.log(max(min(opt.speedup, opt.tokens_per_forward), 1e-9)) for opt in opts))
+        geo = math.exp(statistics.fmean(math.log(max(opt.credible, 1e-9)) for opt in opts))
         ranked.append((geo, spec, name))
     if not ranked:
         first = outcomes[0].candidate if outcomes else Candidate("ngram", "ngram")
