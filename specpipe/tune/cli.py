@@ -130,7 +130,12 @@ def _task(cfg) -> None:
     choices = dict(HydraConfig.get().runtime.choices)
     path = write_preset(cfg, choices, candidate, option, cfg.save_as, lines)
     budget = next((o.budget_words() for out in outcomes for o in summarise(out) if o.name == option), "budget=auto")
-    print(f"\npreset {cfg.save_as}: {candidate.label()} {budget} -> {path}")
+    why = (
+        "the best over every kind, or within 5% of a fixed K that is, and plain decoding where drafts do not pay"
+        if option == "auto"
+        else "the best over every kind, and slower than plain on none"
+    )
+    print(f"\npreset {cfg.save_as}: {candidate.label()} {budget} ({why}) -> {path}")
     print(
         f"use it: specpipe preset={cfg.save_as} | specpipe-chat preset={cfg.save_as} | "
         f"specpipe-serve preset={cfg.save_as}"
