@@ -232,7 +232,12 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         "# specpipe benchmark report",
         "",
         f"- machine: {dev.get('cpu', dev.get('machine', '?'))}, mlx device {dev.get('mlx_device', '?')}, "
-        f"BLAS {dev.get('blas', '?')}" + (f" ({dev['blas_threads']} threads)" if dev.get("blas_threads") else ""),
+        f"BLAS {dev.get('blas', '?')}"
+        + (
+            f" ({dev['blas_threads']} thread{'' if dev['blas_threads'] == '1' else 's'})"
+            if dev.get("blas_threads")
+            else ""
+        ),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in ver.items()),
         f"- fixed per run: precision {first['label'].get('precision')}, max_tokens {cfg.get('max_tokens')}, batch 1, "
         f"sampling temperature {cfg['sampling']['temperature']}, seed {cfg['sampling']['seed']}, "
