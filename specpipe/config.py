@@ -81,6 +81,7 @@ class ModelDraftConfig(PluginConfig):
     quant: str | None = MISSING  # None: same precision as the target
     lookup_min_n: int = MISSING  # prompt lookup first where this many context tokens match (0: model only)
     vocab: int | None = MISSING  # draft head rows: the `vocab` most used ids + the context's; 0: all; null: 32768
+    vocab_map: str = MISSING  # another tokenizer: auto | intersection | text (drafters/cross_vocab.py)
 
 
 @dataclass

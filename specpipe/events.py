@@ -40,6 +40,10 @@ class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy read
     # rows of the draft model's LM head every drafted token scores (draft.vocab; the context's ids join
     # them during the run); None: every row, or no draft model
     draft_head_rows: int | None = None
+    # a draft model with another tokenizer drafts through a token map (draft.vocab_map): "intersection" or
+    # "text", and the ids both vocabularies share; "" and None: the target's own tokenizer
+    draft_vocab_map: str = ""
+    draft_vocab_shared: int | None = None
 
 
 class PrefillProgress(Base, frozen=True, kw_only=True):

@@ -35,6 +35,8 @@ class RunResult(msgspec.Struct, kw_only=True):
     draft: ModelInfo | None = None
     drafter: str = ""
     draft_head_rows: int | None = None  # as RunStarted: the cut draft head's rows (draft.vocab), None = all
+    draft_vocab_map: str = ""  # as RunStarted: a draft with another tokenizer's token map, "" = none
+    draft_vocab_shared: int | None = None  # ... and the ids both vocabularies share
     budget: str = ""
     rollback: str = ""
     compare: str = "greedy"
@@ -118,6 +120,8 @@ def run(
         draft=session.draft_info,
         drafter=session.drafter.name,
         draft_head_rows=session.drafter.head_rows,
+        draft_vocab_map=session.drafter.vocab_map,
+        draft_vocab_shared=session.drafter.vocab_shared,
         budget=session.budget_label(),
         rollback=session.rollback.name,
         compare=session.comparator.name,

@@ -107,6 +107,8 @@ class Session:
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
             tree=self.tree_step.shape.label() if self.tree_step is not None else "",
             draft_head_rows=self.drafter.head_rows,
+            draft_vocab_map=self.drafter.vocab_map,
+            draft_vocab_shared=self.drafter.vocab_shared,
         )
         pipeline = SpeculativePipeline(
             self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step

@@ -95,11 +95,18 @@ def test_not_a_gguf_file(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "GGUF" in proc.stderr, proc.stderr
 
 
-def test_mismatched_tokenizers(tmp_path, smollm2_gguf):
-    proc = specpipe(["model=tiny-random", "draft=model", "draft.model=smollm2-135m"], tmp_path)
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "different tokenizers" in lines[0], proc.stderr
+def test_mismatched_tokenizers_draft_through_a_token_map(tmp_path, smollm2_gguf):
+    """SmolLM2 (BPE) drafts for the tiny byte model: draft.vocab_map=auto picks the intersection, the header
+    and summary.json say so, and the tokens are plain decoding's."""
+    args = ["model=tiny-random", "max_tokens=12", "prompt.text=ab ab ab ab"]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    proc = specpipe([*args, "draft=model", "draft.model=smollm2-135m"], tmp_path / "a")
+    assert proc.returncode == 0, proc.stderr
+    assert "(vocab_map=intersection, 238 tokens shared)" in proc.stderr.splitlines()[0], proc.stderr
+    summary = json.loads((run_dir(tmp_path / "a") / "summary.json").read_text())
+    assert (summary["draft_vocab_map"], summary["draft_vocab_shared"]) == ("intersection", 238)
+    assert specpipe([*args, "draft=none"], tmp_path / "b").returncode == 0
+    assert summary["tokens"] == json.loads((run_dir(tmp_path / "b") / "summary.json").read_text())["tokens"]
 
 
 @pytest.mark.parametrize("vocab", [64, 0])

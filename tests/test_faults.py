@@ -575,11 +575,16 @@ def test_trainer_override_typo_is_one_line(tmp_path):
 
 
 def test_draft_and_target_vocab_sizes_differ(tmp_path):
-    proc = run_cli(
-        [*TINY, "+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "sampling=sample"], tmp_path
-    )
+    """Different logit widths (or tokenizers) draft through a token map now; a token tree still needs the
+    target's own tokenizer and is refused in one line."""
+    args = [*TINY, "+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "sampling=sample"]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    proc = run_cli([*args, "max_tokens=8"], tmp_path / "a")
+    assert proc.returncode == 0, proc.stderr
+    assert "(vocab_map=intersection, 259 tokens shared)" in proc.stderr
+    proc = run_cli([*args, "tree=dynamic"], tmp_path / "b")
     assert proc.returncode == 1
-    assert "512 vs 259 token scores per position" in error_line(proc.stderr)
+    assert "token trees need a draft with the target's tokenizer; use tree=chain" in error_line(proc.stderr)
 
 
 def test_prompt_longer_than_the_context(tmp_path):

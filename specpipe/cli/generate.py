@@ -65,6 +65,8 @@ class TerminalPrinter:
             draft = f" + draft {event.draft.name}" if event.draft else ""
             if event.draft_head_rows is not None:  # draft.vocab: say that the draft's head is cut, and to what
                 draft += f" (head cut to {event.draft_head_rows} rows + the context's)"
+            if event.draft_vocab_map:  # another tokenizer: say how its drafts reach the target's ids
+                draft += f" (vocab_map={event.draft_vocab_map}, {event.draft_vocab_shared} tokens shared)"
             say(
                 f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
                 f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}"

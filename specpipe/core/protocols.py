@@ -45,6 +45,10 @@ class Drafter(Protocol):
     @property
     def head_rows(self) -> int | None: ...  # rows its LM head scores whatever the context (None: every row)
     @property
+    def vocab_map(self) -> str: ...  # a draft with another tokenizer: "intersection" | "text"; "" for none
+    @property
+    def vocab_shared(self) -> int | None: ...  # ids both tokenizers have (with a vocab_map), else None
+    @property
     def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
     @property
     def needs_hidden(self) -> bool: ...  # True: the pipeline calls observe_hidden with the target's hidden states
@@ -101,6 +105,8 @@ class DrafterBase:
     cost_per_token: float | None = None
     bytes_share: float = 1.0  # of its engine's weight bytes a drafted token reads (< 1: a cut draft head)
     head_rows: int | None = None  # the rows its LM head scores whatever the context (None: every row)
+    vocab_map: str = ""  # the target's own tokenizer: no token map (drafters/cross_vocab.py)
+    vocab_shared: int | None = None
     supports_hindsight: bool = False
     needs_hidden: bool = False
     last_evidence: int | None = None

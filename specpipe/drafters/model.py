@@ -1,4 +1,8 @@
-"""`draft=model`: a smaller model of the same tokenizer drafts greedily.
+"""`draft=model`: a smaller model drafts greedily (or from the sampler's q).
+
+A draft model with another tokenizer drafts through a token map (`draft.vocab_map=auto | intersection |
+text`, drafters/cross_vocab.py): its cache holds its own tokens for the context, its drafts reach the
+pipeline as the target's ids.
 
 `draft.model=self` drafts with the target's own weights (separate cache):
 a self-test whose greedy acceptance must be 1.0. The draft cache holds the
@@ -37,6 +41,7 @@ from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
+from specpipe.drafters.cross_vocab import CrossVocab
 from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
@@ -64,6 +69,7 @@ class ModelDrafter(DrafterBase):
         p_min: float = 0.0,
         lookup_min_n: int = 0,
         vocab: int | None = None,
+        vocab_map: str = "auto",
     ):
         """
         Args:
@@ -78,6 +84,8 @@ class ModelDrafter(DrafterBase):
             vocab: the draft's LM head scores only the `vocab` most used ids plus the context's and the end
                 ids (drafters/draft_vocab.py); 0: the whole vocabulary; None: DEFAULT_VOCAB where the
                 draft's head can be cut, else the whole vocabulary.
+            vocab_map: how a draft with another tokenizer drafts for the target (drafters/cross_vocab.py):
+                auto | intersection | text; unused when the tokenizers are the same.
         """
         if not 0 <= lookup_min_n <= MAX_N:
             raise SpecpipeError(
@@ -90,17 +98,16 @@ class ModelDrafter(DrafterBase):
         self.p_min = p_min
         if not path and (model.endswith(".gguf") or "/" in model):
             path = model  # draft.model=/path/to/file.gguf (or folder) works like draft.path
+        self._cross: CrossVocab | None = None  # the token map of a draft with another tokenizer
         if model == "self" and not path:
             self.engine = target
         else:
             self.engine = load(name=None if path else model, path=path, precision=quant)
             diff = same_vocabulary(target, self.engine)
-            if diff is not None:
-                raise SpecpipeError(
-                    f"draft model {self.engine.info.name} and target {target.info.name} have different "
-                    f"tokenizers ({diff}): pick a draft model of the same family, or draft=ngram"
-                )
-        self._vocab = self._draft_vocab(vocab, target)
+            if diff is not None:  # different tokenizers (or logit widths): draft through a token map
+                self._cross = CrossVocab(target, self.engine, vocab_map, sampler, diff)
+        # a cut head (draft.vocab) ranks the draft's own ids; a mapped draft keeps its whole head
+        self._vocab = self._draft_vocab(vocab, target) if self._cross is None else None
         # its prefill runs a model: the first token must not wait for it. Not draft.model=self, the self-test
         # whose every step accepts K (a plain first step would break that invariant)
         self.prefill_after_first_token = self.engine is not target
@@ -141,7 +148,10 @@ class ModelDrafter(DrafterBase):
     def draft_logits(self, ids: mx.array, capture: Capture | None) -> mx.array:
         """[1, vocab] float32 logits after feeding `ids` [n] into the draft cache: the last position's."""
         if self._vocab is None:
-            return self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
+            logits = self.engine.forward(ids, self.cache, capture=capture).logits[-1:]
+            if self._cross is not None and self._cross.method == "intersection":
+                logits = logits + self._cross.vmap.mask  # q = 0 outside the tokens the target shares
+            return logits
         states = capture.states if capture is not None else None
         hidden = self.engine.forward(ids, self.cache, capture=Capture(hidden=True, states=states)).hidden
         assert hidden is not None  # asked for with hidden=True
@@ -158,6 +168,8 @@ class ModelDrafter(DrafterBase):
         Example: context of 10, k = 3 -> the cache holds 12 (context + 2 drafts);
         the target accepts 1 -> kept_len 11 -> 1 position dropped.
         """
+        if self._cross is not None:  # kept_len counts the target's tokens: the draft's own tokens of that text
+            kept_len = self._cross.draft_kept(kept_len, self.cached_len)
         drop = max(0, self.cached_len - kept_len)
         if self._fed is not None:  # a step that fed nothing has nothing to undo
             assert self._rollback is not None, "use_rollback() binds the strategy before the first step"
@@ -167,9 +179,10 @@ class ModelDrafter(DrafterBase):
         return drop
 
     def prefill(self, prompt_ids: list[int]) -> None:
+        own = self._cross.prefill(prompt_ids) if self._cross is not None else prompt_ids  # in the draft's tokens
         self.cache = self.engine.make_cache()  # each generation starts clean
-        self.engine.prefill(prompt_ids[:-1], self.cache)
-        self.cached_len = len(prompt_ids) - 1
+        self.engine.prefill(own[:-1], self.cache)
+        self.cached_len = len(own) - 1
         self._fed = None
         if self._vocab is not None:
             self._vocab.reset(prompt_ids)
@@ -186,6 +199,15 @@ class ModelDrafter(DrafterBase):
                 return draft
         if k <= 0:
             return Draft(token_ids=[])
+        if self._cross is not None:  # the draft drafts in its own tokens; the pipeline gets the target's ids
+            own = self._cross.own_ids(context_ids, self.cached_len)
+            if own is None:
+                return Draft(token_ids=[])
+            return self._cross.to_target(self.propose_own(own, k, self._cross.sampler), context_ids, k)
+        return self.propose_own(context_ids, k, self.sampler)
+
+    def propose_own(self, context_ids: list[int], k: int, sampler) -> Draft:
+        """Draft k tokens after `context_ids` in this model's own ids (from `sampler`'s q; None: greedy)."""
         self.take_in(context_ids)
         capture = self.rollback_capture()
         start = self.cached_len
@@ -202,7 +224,7 @@ class ModelDrafter(DrafterBase):
             return self.draft_logits(ids, capture)
 
         self.last_tops = []
-        tokens, q_rows = chain(next_logits, k, self.sampler, self.p_min, self.chain_stop, self.last_tops)
+        tokens, q_rows = chain(next_logits, k, sampler, self.p_min, self.chain_stop, self.last_tops)
         draft = to_draft(
             tokens, q_rows, catchup_tokens=len(context_ids) - start - 1
         )  # accepted tokens fed beside the newest one
@@ -214,6 +236,16 @@ class ModelDrafter(DrafterBase):
         if self._vocab is not None:
             self._vocab.add(context_ids[self._vocab_seen :])
             self._vocab_seen = len(context_ids)
+
+    @property
+    def vocab_map(self) -> str:  # type: ignore[override]  # DrafterBase's plain "", computed here
+        """The token map a draft with another tokenizer drafts through ("": the target's own tokenizer)."""
+        return self._cross.method if self._cross is not None else ""
+
+    @property
+    def vocab_shared(self) -> int | None:  # type: ignore[override]  # DrafterBase's plain None, computed here
+        """Target ids the draft can reach through the map (None: no map)."""
+        return self._cross.shared if self._cross is not None else None
 
     @property
     def head_rows(self) -> int | None:  # type: ignore[override]  # DrafterBase's plain None, computed here
@@ -240,6 +272,11 @@ class ModelDrafter(DrafterBase):
         prompt lookup on, the trie of earlier matches' continuations where the context's tail matched."""
         from specpipe.trees.drafting import model_candidates
 
+        if self._cross is not None:
+            raise SpecpipeError(
+                f"draft.vocab_map={self._cross.method}: token trees need a draft with the target's tokenizer; "
+                "use tree=chain"
+            )
         if self._lookup is not None:
             tree = self._lookup.propose_tree(context_ids, shape)
             if tree.candidates.tokens:

@@ -40,6 +40,11 @@ class TreeStep:
                 f"draft={drafter.name} cannot propose token trees: "
                 "use tree=chain, or draft=ngram / model / layerskip / mtp / lookahead"
             )
+        if drafter.vocab_map:  # its drafts are the target's ids only along one chain (drafters/cross_vocab.py)
+            raise SpecpipeError(
+                f"draft.vocab_map={drafter.vocab_map}: token trees need a draft with the target's tokenizer; "
+                "use tree=chain"
+            )
         self.target, self.drafter, self.shape, self.rollback = target, drafter, shape, rollback
         # draft=mtp reads the target's hidden states: the tree forward captures them as a chain's verify does
         self.capture = HIDDEN if drafter.needs_hidden else None
