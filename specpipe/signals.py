@@ -66,6 +66,32 @@ def note_stdout_lost(exc: OSError) -> None:
         pass
 
 
+class GuardedStdout:
+    """sys.stdout for printing we do not own (Hydra's --help, --cfg job): a write that fails stops the
+    command as a closed pipe does (KeyboardInterrupt after `note_stdout_lost`), so the shell's one line
+    and exit code (141, 74) answer it instead of Hydra's traceback."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def write(self, text: str) -> int:
+        try:
+            return self._real.write(text)
+        except OSError as exc:
+            note_stdout_lost(exc)
+            raise KeyboardInterrupt from None
+
+    def flush(self) -> None:
+        try:
+            self._real.flush()
+        except OSError as exc:
+            note_stdout_lost(exc)
+            raise KeyboardInterrupt from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
 @contextmanager
 def deferred(then_raise: bool = True):
     """Hold stop signals back inside the block; raise KeyboardInterrupt once it ends

@@ -466,6 +466,23 @@ def test_results_into_a_full_stdout(tmp_path, module):
     assert (kept if kept.suffix else kept / "calibration.json").stat().st_size > 0  # the result is kept
 
 
+@pytest.mark.parametrize("flag", [["--cfg", "job"], ["--help"]])
+def test_hydra_output_into_a_full_stdout(tmp_path, flag):
+    """What Hydra prints itself (`specpipe --cfg job > /dev/full`) is one line and 74 too, not Hydra's traceback."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "specpipe.cli", *flag],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 74
+    assert "stopped by a failed write to stdout (No space left on device)" in error_line(proc.stderr)
+
+
 def test_stop_signal_during_bench(tmp_path):
     args = [
         "model=tiny-random",

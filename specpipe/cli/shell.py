@@ -58,7 +58,11 @@ def hydra_main(
 
         name_tool(tool)
         preload_blas()
-        prepare_argv(config_name, tool, prompts=prompts)
+        argv = prepare_argv(config_name, tool, prompts=prompts)
+        from specpipe.cli.argv import is_hydra_meta
+
+        if is_hydra_meta(argv):  # Hydra prints (--help, --cfg job): a full or closed stdout is our one line
+            sys.stdout = signals.GuardedStdout(sys.stdout)
         import hydra
 
         import specpipe.config  # noqa: F401  (registers the schemas)
