@@ -157,20 +157,20 @@ def small_renumbered_pair():
 RUNS = 500  # fewer than test_sampling's 1500: enough to catch the broken map below, a third of the time
 
 
-def intersection_counts(target, draft, sampler, prompt):
+def intersection_counts(target, draft, sampler, prompt, vocab_map="intersection"):
     from test_sampling import sample_pairs
 
     from specpipe.core.stages.compare import RejectionComparator
 
-    drafter = ModelDrafter(
-        target=target, load=lambda **_: draft, model="other", sampler=sampler, vocab_map="intersection"
-    )
+    drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler, vocab_map=vocab_map)
     assert drafter.vocab_shared == 6
     return sample_pairs(target, drafter, RejectionComparator, sampler, prompt)
 
 
 @pytest.mark.slow
-def test_intersection_sampling_keeps_the_target_distribution(small_renumbered_pair, monkeypatch):
+@pytest.mark.parametrize("vocab_map", ["intersection", "text"])
+def test_mapped_sampling_keeps_the_target_distribution(small_renumbered_pair, monkeypatch, vocab_map):
+    """intersection: q moved onto the target's ids; text: greedy drafts as a point mass (as n-gram's)."""
     from test_sampling import chi_square_rejects, exact_joint
 
     from specpipe.core.sampling import Sampler
@@ -180,7 +180,7 @@ def test_intersection_sampling_keeps_the_target_distribution(small_renumbered_pa
     sampler = Sampler(temperature=1.0, top_k=6)
     prompt = [1, 2, 3, 1, 2]
     joint = exact_joint(target, sampler, prompt)
-    rejects, stat, critical = chi_square_rejects(intersection_counts(target, draft, sampler, prompt), joint)
+    rejects, stat, critical = chi_square_rejects(intersection_counts(target, draft, sampler, prompt, vocab_map), joint)
     assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}: output is not the target's distribution"
 
 

@@ -122,14 +122,16 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     fixed = {k: with_budget(spec, FixedBudget(k=k)) for k in sorted(set(cfg.fixed_ks or []))}
     greedy = cfg.sampling.temperature == 0
     # mlx-lm can only draft with a whole model: draft=model (incl. self), not n-gram / layer-skip / heads.
-    anchor_draft = spec.drafter.engine.model if spec.drafter.name == "model" and spec.drafter.engine else None
+    # A draft with another tokenizer (draft.vocab_map) is not one mlx-lm can use: its anchor decodes plain.
+    drafts_for_mlx = spec.drafter.name == "model" and spec.drafter.engine and not spec.drafter.vocab_map
+    anchor_draft = spec.drafter.engine.model if drafts_for_mlx and spec.drafter.engine else None
     # mlx-lm drafts a fixed K: a fixed budget's, else an adaptive budget's starting k (4 if it has none).
     k = cfg.budget.get("k", None) or 4
     label = {
         "model": spec.target.info.name,
         "precision": spec.target.info.precision,
         "drafter": spec.drafter.name,
-        "draft_model": spec.draft_info.name if spec.draft_info else ("self" if spec.drafter.name == "model" else None),
+        "draft_model": draft_label(spec),
         "budget": spec.budget_label(),
         "k": k,
         "suite": cfg.suite.name if not cfg.suite.path else Path(cfg.suite.path).stem,
@@ -255,6 +257,15 @@ def session_config(cfg, draft, budget=None):
     node["prompt"] = {"text": "", "chat": cfg.suite.chat, "system": cfg.suite.system}
     node["stream"] = False
     return OmegaConf.create(node)
+
+
+def draft_label(spec) -> str | None:
+    """The draft model's name for reports; a draft with another tokenizer names its token map, so the report
+    keeps `intersection` and `text` runs of one draft apart (smollm2-135m vocab_map=text)."""
+    if not spec.draft_info:
+        return "self" if spec.drafter.name == "model" else None
+    mapped = spec.drafter.vocab_map
+    return f"{spec.draft_info.name} vocab_map={mapped}" if mapped else spec.draft_info.name
 
 
 def _shared_target(cfg):

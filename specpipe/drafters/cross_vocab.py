@@ -150,7 +150,10 @@ class CrossVocab:
         if rest is None:  # the boundary merges into the context's last tokens: the text on its own
             enc = encode_bytes(self._t_tok, data, table, singles)
             rest = enc[0] if enc is not None else None
-        return rest if rest is not None and self._t_bytes(rest) == data else []
+        if rest is None or self._t_bytes(rest) != data:
+            return []
+        rows = self.vmap.target_rows  # an id the target's tokenizer has but its logits do not score: cut there
+        return next((rest[:i] for i, t in enumerate(rest) if t >= rows), rest)
 
     def draft_kept(self, kept_len: int, cached: int) -> int:
         """After a verify that kept the first `kept_len` target tokens: how many of the draft cache's `cached`
@@ -171,4 +174,4 @@ class CrossVocab:
         self._d_lens += [len(self._d_bytes([d])) for d in self._drafted[:m]]
         self._d_end += total
         self._drafted, self._proposal = [], []
-        return min(len(self._d_ids) - 1, cached)
+        return max(0, min(len(self._d_ids) - 1, cached))
