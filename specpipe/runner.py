@@ -19,6 +19,7 @@ import msgspec
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe import signals
+from specpipe.costmodel.worth import StepLog, calibrated_costs
 from specpipe.engine.device import device
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
@@ -46,6 +47,10 @@ class RunResult(msgspec.Struct, kw_only=True):
     output_dir: str = ""
     interrupted_by: str = ""  # "SIGTERM", "Ctrl-C (SIGINT)", ... when stop_reason is "interrupted" or stdout failed
     error: str = ""  # set when the run folder could not be written (disk full); what was kept is said there
+    # the cost model's estimate of the speed-up against plain decoding (costmodel/worth.py), 0.0 = none;
+    # and where its costs came from: "calibration" (the T(n)/T(1) curve) or "plain steps" (this run's K = 0 timings)
+    speedup_estimate: float = 0.0
+    speedup_source: str = ""
 
 
 def run(
@@ -80,6 +85,7 @@ def run(
     events = session.generate(prompt_ids, prompt_text=cfg.prompt.text)
 
     collector = StatsCollector()
+    steps = StepLog()
     finished: RunFinished | None = None
     with writer:
         try:
@@ -89,6 +95,7 @@ def run(
                         finished = event
                     writer.write(event)
                     collector.consume(event)
+                    steps.consume(event)
                     if on_event:
                         on_event(event)
         except KeyboardInterrupt:
@@ -131,6 +138,10 @@ def run(
         output_dir=str(out),
         # a stdout that failed after the last token (stream=false | true) is named too: the text never arrived
         interrupted_by=signals.name() if finished.stop_reason == "interrupted" or signals.stdout_lost() else "",
+    )
+    # priced from what the run already holds (the budget's curve, a cached calibration, its own step times)
+    result.speedup_estimate, result.speedup_source = steps.estimate(
+        *calibrated_costs(session.budget, session.target, session.drafter)
     )
     if writer.failed is not None:
         result.error = f"cannot write to {out} ({writer.failed.strerror}) after {len(result.tokens)} tokens"

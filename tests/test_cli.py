@@ -289,3 +289,52 @@ def test_every_command_has_the_same_shell(tool, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{tool}: error: ") and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_the_summary_says_what_speculation_was_worth_against_plain(tmp_path):
+    """The estimate is priced from a calibration the run already has: none cached and a fixed K, nothing is
+    timed for it (the run's own plain steps, where the n-gram found nothing, price it); budget=auto
+    calibrates, and then a fixed-K run reads that cache."""
+    # one BLAS thread count for every run: the calibration's key has it, and a busy machine lowers the default
+    env = {**os.environ, "SPECPIPE_CACHE": str(tmp_path / "cache"), "OPENBLAS_NUM_THREADS": "1"}
+
+    def one(name, *args):
+        proc = specpipe([*TINY, *(args or ["budget.k=4"]), f"output_dir={tmp_path / name}"], tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr.splitlines()[-1], json.loads((tmp_path / name / "summary.json").read_text())
+
+    line, summary = one("fixed-first")
+    assert not (tmp_path / "cache" / "calibration").exists()
+    assert summary["speedup_source"] == "plain steps" and f"~{summary['speedup_estimate']:.1f}x vs plain" in line
+    line, summary = one("auto", "budget=auto")
+    assert summary["speedup_source"] == "calibration" and summary["speedup_estimate"] > 0
+    assert f"~{summary['speedup_estimate']:.1f}x vs plain (estimated)" in line
+    line, summary = one("fixed-then")
+    assert summary["speedup_source"] == "calibration" and "x vs plain (estimated)" in line
+
+
+def test_without_a_curve_the_runs_plain_steps_price_its_drafting_steps():
+    """The fallback: plain steps time T(1); the drafting steps' seconds (verify + draft) are priced against it."""
+    from specpipe.costmodel.worth import StepLog
+    from specpipe.events import Drafted, Verified
+
+    log = StepLog()
+    for step, (k, accepted, verify_s, draft_s) in enumerate([(0, 0, 0.010, 0.0), (4, 3, 0.012, 0.002)]):
+        log.consume(Drafted(t=0.0, step=step, k=k, draft_ids=list(range(k)), seconds=draft_s))
+        log.consume(
+            Verified(
+                t=0.0,
+                step=step,
+                accepted_ids=list(range(accepted)),
+                rejected_ids=[0] * (k - accepted),
+                recovered_id=1,
+                seconds=verify_s,
+            )
+        )
+    # 1 + 4 tokens over (0.010 + 0.012 + 0.002) s, at 0.010 s a plain token: 5 * 0.010 / 0.024
+    assert log.estimate(None, None) == (pytest.approx(5 * 0.010 / 0.024), "plain steps")
+    # with a curve: 5 tokens / (1 + 4 * 0.1 + T(5)/T(1) = 1.5)
+    assert log.estimate({1: 1.0, 5: 1.5}, 0.1) == (pytest.approx(5 / 2.9), "calibration")
+    only_plain = StepLog()
+    only_plain.consume(Verified(t=0.0, step=0, accepted_ids=[], rejected_ids=[], bonus_id=1, seconds=0.01))
+    assert only_plain.estimate(None, None) == (0.0, "")

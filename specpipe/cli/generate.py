@@ -135,8 +135,14 @@ def summary_line(result) -> str:
         f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
         f"TTFT {s.ttft_s:.2f}s | prefill {s.prefill_tok_s:.0f} tok/s ({s.prompt_tokens} tokens{_draft_prefill(s)}) | "
         f"KV {s.kv_bytes_per_token / 1024:.1f} KiB/token | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
-        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS | {result.output_dir}"
+        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS{_worth(result)} | {result.output_dir}"
     )
+
+
+def _worth(result) -> str:
+    """The cost model's estimate against plain decoding (costmodel/worth.py); nothing when it has no costs."""
+    x = getattr(result, "speedup_estimate", 0.0)
+    return f" | ~{x:.1f}x vs plain (estimated)" if x > 0 else ""
 
 
 def _draft_prefill(s) -> str:
