@@ -44,6 +44,8 @@ class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy read
     # "text", and the ids both vocabularies share; "" and None: the target's own tokenizer
     draft_vocab_map: str = ""
     draft_vocab_shared: int | None = None
+    # settings the cost model predicts slower than plain decoding, one line each (specpipe/advice.py)
+    warnings: list[str] = []
 
 
 class PrefillProgress(Base, frozen=True, kw_only=True):

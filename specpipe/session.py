@@ -53,6 +53,10 @@ class Session:
             cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler, **floor
         )
         self.budget.prepare(self.target, self.drafter)  # budget=auto calibrates here (timed once per device, cached)
+        from specpipe.advice import warnings
+        from specpipe.engine.device import device
+
+        self.warnings = warnings(self.target, self.drafter, self.budget, device().get("mlx_device", ""))
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
         self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler, self.budget)
         self.comparator: Comparator
@@ -109,6 +113,7 @@ class Session:
             draft_head_rows=self.drafter.head_rows,
             draft_vocab_map=self.drafter.vocab_map,
             draft_vocab_shared=self.drafter.vocab_shared,
+            warnings=self.warnings,
         )
         pipeline = SpeculativePipeline(
             self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step

@@ -71,6 +71,8 @@ class TerminalPrinter:
                 f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
                 f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}"
             )
+            for warning in event.warnings:  # a setting predicted slower than plain (specpipe/advice.py)
+                say(f"specpipe: warning: {warning}")
         elif isinstance(event, Emitted) and self.stream:
             self._write(event.text)
         elif isinstance(event, RunFinished):
