@@ -102,6 +102,11 @@ async def test_the_app_chats_through_the_server_with_drafts_highlighted(server):
         assert answer.text == server.chat(PROMPT)["choices"][0]["message"]["content"]
         assert "accepted" in {p.kind for p in answer.transcript.pieces}
         assert app.messages[-1] == {"role": "assistant", "content": answer.text}
+        # the side panel shows the server's drafter, K and the answer's acceptance, not "-"
+        rows = dict(app.figures.rows())
+        assert (rows["drafter"], rows["budget"], rows["K"]) == ("ngram", "fixed(k=4)", "4")
+        assert rows["acceptance"].startswith(f"{app.figures._finished.acceptance_rate:.0%} (")
+        assert rows["tok/forward"] == f"{app.figures._finished.tokens_per_forward:.2f}" != "0.00"
 
 
 def test_an_unreachable_server_is_one_line_and_exit_2():
@@ -137,3 +142,9 @@ def test_parse_url_names_host_and_port():
     assert parse_url("http://127.0.0.1:8000/") == ("127.0.0.1", 8000)
     with pytest.raises(ServerUnavailable, match="base URL"):
         parse_url("127.0.0.1:8000")
+
+
+def test_a_served_budget_label_gives_the_panels_k():
+    from tui.figures import served_k
+
+    assert (served_k("fixed(k=4)"), served_k("auto(k_max=16)"), served_k("server")) == ("4", "auto <= 16", "")

@@ -7,6 +7,8 @@ time. Definitions are specpipe.metrics' (acceptance rate, tokens per forward).
 
 from __future__ import annotations
 
+import msgspec
+
 from specpipe.events import Drafted, RunError, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 
@@ -21,12 +23,15 @@ class Figures:
         self.config_yaml = ""
         self.tree = ""  # tree != chain: the shape label RunStarted carries
         self.k: int | None = None  # K of the latest step
+        self.k_label = ""  # a served chat: the server's K as its budget label gives it (figures.served_k)
         self.step_rates: list[float] = []  # acceptance rate per step, whole chat
         self.stop_reason = ""
         self.peak_memory_bytes = 0
         self.running = False
         self._collector = StatsCollector()
         self._step_k: dict[int, int] = {}
+        self.served = False  # answers from specpipe-serve (tui/server_source.py)
+        self._finished = None  # their RunFinished.stats: the server's drafted / accepted / tokens per forward
 
     def consume(self, event) -> None:
         if isinstance(event, RunStarted):
@@ -37,6 +42,8 @@ class Figures:
             self.budget, self.rollback, self.compare = event.budget, event.rollback, event.compare
             self.config_yaml = event.config_yaml or self.config_yaml
             self.tree = event.tree
+            self.served = event.target.source == "server"  # no step events: the figures come with RunFinished
+            self.k_label = served_k(event.budget) if self.served else ""
             self.stop_reason, self.running, self.peak_memory_bytes = "", True, 0
         elif isinstance(event, Drafted):
             self.k = event.k
@@ -48,6 +55,7 @@ class Figures:
                 self.step_rates = (self.step_rates + [len(event.accepted_ids) / drafted])[-SPARK_STEPS:]
         elif isinstance(event, RunFinished):
             self.stop_reason, self.running = event.stop_reason, False
+            self._finished = event.stats if self.served else None
             self.peak_memory_bytes = event.stats.peak_memory_bytes or event.stats.peak_rss_bytes
         elif isinstance(event, RunError):
             self.stop_reason, self.running = "error", False
@@ -55,6 +63,10 @@ class Figures:
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) rows for the stats panel."""
         s = self._collector.stats()
+        if self._finished is not None:  # a served answer: the server counted its steps, not our events
+            s = msgspec.structs.replace(
+                self._finished, decode_tok_s=self._finished.decode_tok_s or s.decode_tok_s, ttft_s=s.ttft_s
+            )
         rate = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "-"
         return [
             ("acceptance", rate),
@@ -62,7 +74,7 @@ class Figures:
             ("tok/s", f"{s.decode_tok_s:.1f}" if s.decode_tok_s else "-"),
             ("TTFT", f"{s.ttft_s:.2f} s" if s.ttft_s else "-"),
             ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
-            ("K", "-" if self.k is None else str(self.k)),
+            ("K", str(self.k) if self.k is not None else self.k_label or "-"),
             ("drafter", self.drafter),
             ("budget", self.budget),
             *([("tree", short_tree(self.tree))] if self.tree else []),
@@ -72,6 +84,14 @@ class Figures:
             ("peak mem", f"{self.peak_memory_bytes / 2**20:.0f} MiB" if self.peak_memory_bytes else "-"),
             ("stop", self.stop_reason or ("running" if self.running else "-")),
         ]
+
+
+def served_k(budget: str) -> str:
+    """K as a server's budget label gives it: fixed(k=4) -> "4", auto(k_max=16) -> "auto <= 16"."""
+    for key, shown in (("(k=", "{}"), ("(k_max=", "auto <= {}")):
+        if key in budget:
+            return shown.format(budget.split(key, 1)[1].split(",")[0].rstrip(")"))
+    return ""
 
 
 def short_tree(label: str) -> str:

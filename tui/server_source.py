@@ -75,6 +75,16 @@ def check_server(url: str, timeout: float = CHECK_TIMEOUT_S) -> str:
         raise ServerUnavailable(f"{url}/v1/models did not list a model: is it a specpipe-serve? {hint}") from None
 
 
+def server_setup(url: str, timeout: float = CHECK_TIMEOUT_S) -> dict:
+    """The `specpipe` entry of `/v1/models` (drafter, budget label, fixed K); {} from a server without one."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
+            entry = json.loads(resp.read())["data"][0].get("specpipe")
+        return entry if isinstance(entry, dict) else {}
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return {}  # the panel then says "server": the answers still come
+
+
 class ServerSource:
     """Answers from a `specpipe-serve` at `url` (its model, drafter and K are the server's).
 
@@ -92,14 +102,15 @@ class ServerSource:
     def __init__(self, url: str, model: str, max_tokens: int | None = None):
         self.host, self.port = parse_url(url)
         self.url, self.model, self.max_tokens = url.rstrip("/"), model, max_tokens
+        self.setup = server_setup(self.url)  # the server's drafter, budget and K, for the side panel
         self.config_yaml = f"serve:\n  url: {self.url}\n  model: {model}\n"
 
     def generate(self, messages: list[dict], control) -> Iterator[Event]:
         start = time.monotonic()
         yield RunStarted(
             target=ModelInfo(name=self.model, source="server", arch="", precision=""),
-            drafter="server",
-            budget="server",
+            drafter=str(self.setup.get("drafter") or "server"),
+            budget=str(self.setup.get("budget") or "server"),
             rollback="server",
             compare="server",
             prompt_text=messages[-1]["content"],

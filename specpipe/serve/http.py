@@ -80,8 +80,16 @@ def model_aliases(model_name: str, session) -> set[str]:
 
 
 def make_app(state: ServeState, policy: Policy):
+    budget = state.session.budget
+    # what a client shows beside the answers (specpipe-chat serve.url=...): the drafter and the budget's K
+    setup = {
+        "drafter": state.session.drafter.name,
+        "budget": state.session.budget_label(),
+        "k": int(budget.k) if budget.name == "fixed" else None,  # budget=auto chooses K per step
+    }
+
     async def models(request: Request) -> Response:
-        data = [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specpipe"}]
+        data = [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "specpipe", "specpipe": setup}]
         return _json(200, {"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
