@@ -10,7 +10,7 @@ import mlx.core as mx
 from conftest import generate, make_drafter, noisy_copy, tiny
 
 from specpipe.cli.generate import PrefillBar, summary_line
-from specpipe.events import PrefillDone, PrefillProgress, RunStarted
+from specpipe.events import DraftPrefilled, PrefillDone, PrefillProgress, RunStarted
 
 
 def test_chunk_size_changes_nothing_but_the_events():
@@ -28,14 +28,18 @@ def test_chunk_size_changes_nothing_but_the_events():
 
 
 def test_draft_model_prefill_is_timed_apart():
+    """The target's prefill gives the first token; the draft model prefills after it (DraftPrefilled), so
+    the first token waits on the target alone, and the draft's seconds count as prefill, not decoding."""
     target = tiny("llama")
     prompt = [3 + i % 200 for i in range(300)]
     _, final, events, _ = generate(target, make_drafter("model", target, noisy_copy(target, 0.5)), 4, prompt, 4)
     done = next(e for e in events if isinstance(e, PrefillDone))
-    assert done.target_seconds > 0 and done.draft_seconds > 0
-    assert done.seconds >= done.target_seconds + done.draft_seconds
+    deferred = next(e for e in events if isinstance(e, DraftPrefilled))
+    assert done.target_seconds > 0 and done.draft_seconds == 0
+    assert deferred.seconds > 0 and deferred.tokens >= len(prompt)
+    assert events.index(deferred) > events.index(done)
     s = final.stats
-    assert s.draft_prefill_s == done.draft_seconds and s.prefill_s == done.seconds
+    assert s.draft_prefill_s == deferred.seconds and s.prefill_s == done.seconds
     assert abs(s.prefill_tok_s - s.prompt_tokens / done.target_seconds) < 1e-6 * s.prefill_tok_s
 
 
