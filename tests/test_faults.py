@@ -450,35 +450,25 @@ def test_results_into_a_full_stdout(tmp_path, module):
         "specpipe.cli.calibrate": ("specpipe-calibrate", ["quick=true", "contexts=false"], tmp_path / "r"),
     }[module]
     env = dict(ENV, SPECPIPE_CACHE=str(tmp_path / "cache"))
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run(
-            [sys.executable, "-m", module, "model=tiny-random", *args, f"hydra.run.dir={tmp_path / 'r'}"],
-            cwd=tmp_path,
-            env=env,
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-        )
+    proc = run_into_full_stdout(
+        [sys.executable, "-m", module, "model=tiny-random", *args, f"hydra.run.dir={tmp_path / 'r'}"], tmp_path, env
+    )
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"{tool}: error: cannot write to stdout (No space left on device): ") and str(kept) in line
     assert (kept if kept.suffix else kept / "calibration.json").stat().st_size > 0  # the result is kept
 
 
+def run_into_full_stdout(argv: list[str], cwd, env) -> subprocess.CompletedProcess:
+    """Run a command whose stdout is /dev/full (every write fails with ENOSPC); stderr captured."""
+    with open("/dev/full", "w") as full:
+        return subprocess.run(argv, cwd=cwd, env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+
+
 @pytest.mark.parametrize("flag", [["--cfg", "job"], ["--help"]])
 def test_hydra_output_into_a_full_stdout(tmp_path, flag):
     """What Hydra prints itself (`specpipe --cfg job > /dev/full`) is one line and 74 too, not Hydra's traceback."""
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run(
-            [sys.executable, "-m", "specpipe.cli", *flag],
-            cwd=tmp_path,
-            env=ENV,
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-        )
+    proc = run_into_full_stdout([sys.executable, "-m", "specpipe.cli", *flag], tmp_path, ENV)
     assert proc.returncode == 74
     assert "stopped by a failed write to stdout (No space left on device)" in error_line(proc.stderr)
 
