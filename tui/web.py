@@ -23,6 +23,8 @@ from aiohttp import web
 from textual_serve.app_service import AppService
 from textual_serve.server import Server, to_int
 
+from specpipe.serve.guard import local_hosts
+
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 QUIT_WAIT_S = 2.0  # an app that got "quit" has this long to end by itself
 KILL_AFTER_S = 3.0  # then SIGTERM to its group, and SIGKILL this much later
@@ -32,8 +34,7 @@ class LocalServer(Server):
     def __init__(self, command: str, port: int):
         super().__init__(command, host="127.0.0.1", port=port, title="specpipe-chat")
         self.exit_code = 0
-        names = ("127.0.0.1", "localhost", "[::1]")
-        self.hosts = {f"{n}:{port}" for n in names} | (set(names) if port == 80 else set())
+        self.hosts = local_hosts("127.0.0.1", port)  # the Host values the API server accepts too
         self.origins = {f"http://{h}" for h in self.hosts}
         self.apps: set[asyncio.subprocess.Process] = set()  # every app process still running
 
