@@ -189,6 +189,11 @@ class AutoBudget(BudgetBase):
             self._calibrated, self._curve = calibrated, _monotone(calibrated)
 
     @property
+    def calibrated(self) -> bool:
+        """Whether prepare() gave it a verify curve (from the cache or a timing); before that `ratio` is empty."""
+        return bool(self._base)
+
+    @property
     def ratio(self) -> dict[int, float]:
         """T(n)/T(1) the cost model uses: the calibrated curve, corrected by this run's verify timings."""
         return self._curve

@@ -48,7 +48,7 @@ class StepLog:
 def calibrated_costs(budget, target, drafter) -> tuple[dict[int, float] | None, float | None]:
     """(T(n)/T(1), c) without timing anything: the budget's own (budget=auto calibrated in prepare), else
     the target's cached curve and a draft cost known without a timing; (None, None) when there is none."""
-    if getattr(budget, "_base", None) and getattr(budget, "c", None) is not None:
+    if getattr(budget, "calibrated", False) and getattr(budget, "c", None) is not None:  # budget=auto
         return dict(budget.ratio), float(budget.c)
     ratio = cached_ratio(target)
     if ratio is None:
