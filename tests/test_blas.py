@@ -276,6 +276,15 @@ def _fake_loadavg(tmp_path, monkeypatch, line: str, cores: int = 2) -> None:
     monkeypatch.setattr(blas, "LOADAVG", str(path))
     monkeypatch.setattr(blas, "SAMPLE_GAP_S", 0.0)
     monkeypatch.setattr(blas, "_cores", lambda: cores)
+    monkeypatch.setattr(blas, "_own_running", lambda: 1)  # the fake reading counts the reader alone as ours
+
+
+def test_this_process_own_running_threads_are_not_other_processes(tmp_path, monkeypatch):
+    """A first run checks its fresh OpenBLAS copy (pip_openblas) before the probe, and that library's workers
+    still spin: 3 running tasks, all this process's, are no load (that run got one thread before)."""
+    _fake_loadavg(tmp_path, monkeypatch, "0.02 0.10 0.05 3/180 4242\n")
+    monkeypatch.setattr(blas, "_own_running", lambda: 3)
+    assert blas._openblas_threads() == (2, None)
 
 
 def test_two_runs_back_to_back_get_the_same_threads(tmp_path, monkeypatch):

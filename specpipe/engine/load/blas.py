@@ -126,12 +126,30 @@ def _running_others() -> int | None:
     for i in range(SAMPLES):
         try:
             with open(LOADAVG) as f:
-                counts.append(int(f.read().split()[3].split("/")[0]))
+                running = int(f.read().split()[3].split("/")[0])
         except (OSError, IndexError, ValueError):
             return None
+        counts.append(running - _own_running())
         if i + 1 < SAMPLES:
             time.sleep(SAMPLE_GAP_S)
-    return max(0, min(counts) - 1)
+    return max(0, min(counts))
+
+
+def _own_running() -> int:
+    """This process's threads running now, at least 1 (the reader). A first run's check of its OpenBLAS copy
+    (pip_openblas) leaves that library's workers spinning for a moment: they are ours, not another process."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    running = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                running += f.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            continue
+    return max(1, running)
 
 
 def _openblas_threads(requested: int | None = None) -> tuple[int, str | None]:
