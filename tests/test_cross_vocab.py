@@ -167,7 +167,7 @@ def intersection_counts(target, draft, sampler, prompt, vocab_map="intersection"
     return sample_pairs(target, drafter, RejectionComparator, sampler, prompt)
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("vocab_map", ["intersection", "text"])
 def test_mapped_sampling_keeps_the_target_distribution(small_renumbered_pair, monkeypatch, vocab_map):
     """intersection: q moved onto the target's ids; text: greedy drafts as a point mass (as n-gram's)."""
@@ -184,7 +184,7 @@ def test_mapped_sampling_keeps_the_target_distribution(small_renumbered_pair, mo
     assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}: output is not the target's distribution"
 
 
-@pytest.mark.slow
+@pytest.mark.statistical
 def test_a_map_that_moves_q_to_the_wrong_ids_is_caught(small_renumbered_pair, monkeypatch):
     """The same test fails a map that hands the comparator q in the draft's own numbering."""
     from test_sampling import chi_square_rejects, exact_joint

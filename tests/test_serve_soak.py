@@ -14,7 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "soak_serve.py"
 
 
-@pytest.mark.slow
+@pytest.mark.statistical  # a load test: `python -m pytest -q -m statistical`
 def test_eight_streaming_clients_with_hang_ups(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("soak_serve", SCRIPT)
     soak = importlib.util.module_from_spec(spec)

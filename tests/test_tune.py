@@ -119,7 +119,7 @@ def test_a_terminal_gets_a_bar_with_an_eta_that_counts_measured_and_resumed_prom
     assert "3/4" in drawn and "prompt/s" in drawn and "<" in drawn, drawn  # n/total, rate, elapsed<remaining
 
 
-@pytest.mark.slow  # ~20 s: six prompts to stop in the middle of; the rerun test above covers resume in the default run
+@pytest.mark.statistical  # ~20 s: six prompts to stop in the middle of; the rerun test above covers resume in the default run
 def test_a_stopped_tune_keeps_its_measurements_and_the_same_command_resumes(tmp_path):
     import signal
 
