@@ -171,10 +171,29 @@ def test_building_auto_times_nothing_and_writes_nothing(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- one source per default, every group
 
 
-def test_config_schemas_hold_types_only():
-    """No schema in config.py carries a value a YAML could contradict (nested groups are structure)."""
-    for schema in vars(config).values():
-        if not (dataclasses.is_dataclass(schema) and schema.__module__ == config.__name__):
+def schema_modules() -> list[str]:
+    """Every module of specpipe that registers a schema in Hydra's ConfigStore (config.py, serve's, tune's...)."""
+    root = Path(config.__file__).parent
+    found = [p for p in root.rglob("*.py") if {"ConfigStore", ".store("} <= _words(p.read_text(encoding="utf-8"))]
+    return sorted("specpipe." + ".".join(p.relative_to(root).with_suffix("").parts) for p in found)
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in ("ConfigStore", ".store(") if w in text}
+
+
+def test_the_schema_modules_are_found():
+    assert {"specpipe.config", "specpipe.serve.config", "specpipe.tune.config"} <= set(schema_modules())
+
+
+@pytest.mark.parametrize("module", schema_modules())
+def test_config_schemas_hold_types_only(module):
+    """No schema carries a value a YAML could contradict (nested groups are structure)."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    for schema in vars(mod).values():
+        if not (dataclasses.is_dataclass(schema) and schema.__module__ == mod.__name__):
             continue
         for f in dataclasses.fields(schema):
             if f.name in ("_target_", "_partial_"):
@@ -188,10 +207,14 @@ def test_config_schemas_hold_types_only():
 @pytest.mark.parametrize(
     "primary, group",
     [("config", g) for g in ("model", "quant", "sampling", "prompt", *RUNTIME)]
-    + [("bench", "suite"), ("train_drafter", "model")],
+    + [("bench", "suite"), ("train_drafter", "model")]
+    + [(app, g) for app in ("serve", "tune", "calibrate") for g in ("budget", "draft")],
 )
 def test_every_option_gives_every_value(primary, group):
     from hydra import compose, initialize
+
+    import specpipe.serve.config  # noqa: F401  (the serve and tune schemas, registered on import)
+    import specpipe.tune.config  # noqa: F401
 
     for path in sorted((Path(CONF_DIR) / group).glob("*.yaml")):
         with initialize(version_base=None, config_path="../specpipe/conf"):

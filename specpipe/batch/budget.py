@@ -25,41 +25,70 @@ decayed mean of measured / calibrated seconds, kept per batch size and apart for
 (n = 1) and speculative ones (n > 1; until one is measured they borrow the plain steps' scale), so
 a neighbour that slows the machine after start-up changes K too, and a table that was right at
 B = 1 but not at B = 8 is corrected at B = 8 without being wrongly corrected at B = 1.
+
+Its settings have no defaults here: `AutoSettings.from_config` reads `probe_every`, `probe_k`,
+`forget` and `prior_alpha` from the served `budget=auto` (conf/budget/auto.yaml, as a chain run
+reads them) and `margin` / `hindsight_len` from conf/serve.yaml's `batch:`.
 """
 
 from __future__ import annotations
 
-from specpipe.batch.costs import CostTable, calibrate
+from dataclasses import dataclass
 
-__all__ = ["BatchBudget", "CostTable", "calibrate"]
+from specpipe.batch.costs import CostTable, calibrate
+from specpipe.events import BudgetDecision
+
+__all__ = ["AutoSettings", "BatchBudget", "CostTable", "calibrate"]
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """What budget=auto over a batch is tuned by; every value from the YAML (no defaults here)."""
+
+    probe_every: int  # plain steps between probes (drafters without hindsight)
+    probe_k: int  # tokens a probe drafts
+    forget: float  # decay of the rates and step-time scales per step
+    prior_alpha: float  # the rates' prior, 4 trials' worth
+    margin: float  # a K > 0 must beat plain decoding by this share
+    hindsight_len: int  # tokens an n-gram row looks back on a plain step
+
+    @classmethod
+    def from_config(cls, budget, batch) -> AutoSettings:
+        """From the served `cfg.budget` (budget=auto's keys) and conf/serve.yaml's `cfg.batch`."""
+        return cls(
+            probe_every=int(budget.probe_every),
+            probe_k=int(budget.probe_k),
+            forget=float(budget.forget),
+            prior_alpha=float(budget.prior_alpha),
+            margin=float(batch.margin),
+            hindsight_len=int(batch.hindsight_len),
+        )
 
 
 class BatchBudget:
     def __init__(
         self,
         k: int,
-        auto: bool = False,
+        auto: AutoSettings | None = None,
         costs: CostTable | None = None,
-        probe_every: int = 16,
-        probe_k: int = 2,
-        forget: float = 0.9,
-        prior_alpha: float = 0.5,
-        margin: float = 0.03,
         hindsight: bool = False,
-        hindsight_len: int = 8,
     ):
         """
         Args:
             k: K of every step (fixed), or the largest K auto may choose.
-            auto: choose K per step from `costs` and the measured rates.
+            auto: choose K per step from `costs` and the measured rates, tuned by these settings;
+                None: K every step (fixed), nothing learned.
             costs: the calibrated T(B, n) (auto only).
             hindsight: the rows' drafters support `hindsight` (n-gram): learn on plain steps for free.
         """
-        if auto and costs is None:
+        if auto is not None and costs is None:
             raise ValueError("budget=auto needs a CostTable (batch/costs.py cost_table)")
-        self.k, self.auto, self.costs = k, auto, costs
-        self.probe_every, self.probe_k, self.forget = probe_every, probe_k, forget
-        self.margin, self.hindsight, self.hindsight_len = margin, hindsight, hindsight_len
+        self.k, self.auto, self.costs, self.hindsight = k, auto is not None, costs, hindsight
+        self.settings = auto
+        if auto is not None:  # a fixed K learns nothing (observe returns at once)
+            self.probe_every, self.probe_k, self.forget = auto.probe_every, auto.probe_k, auto.forget
+            self.margin, self.hindsight_len = auto.margin, auto.hindsight_len
+        prior_alpha = auto.prior_alpha if auto is not None else 0.5  # unread by a fixed K
         # [successes, trials] with exponential forgetting, from a weak prior of 4 trials
         self._first = [4 * prior_alpha, 4.0]  # a row's first drafted token accepted
         self._cont = [4 * prior_alpha, 4.0]  # a drafted token accepted after an accepted one
@@ -118,6 +147,20 @@ class BatchBudget:
             }
         return k
 
+    def decision_event(self) -> BudgetDecision | None:
+        """The last decision as the Drafted event carries it (None for a fixed K, as a chain run's)."""
+        d = self.decision
+        if not self.auto:
+            return None
+        reason = {"cost": "cost model"}.get(d["reason"], d["reason"])
+        return BudgetDecision(
+            k=d["k"],
+            reason=reason,
+            predicted=d.get("predicted_speedup", 1.0),
+            alpha=d.get("alpha", 0.0),
+            continuation=d.get("continuation", 0.0),
+        )
+
     def rate(self, rows: int, k: int) -> float:
         """Expected tokens per second of the batch with K = k (see the module docstring)."""
         a, g, rho = self.alpha, self.continuation, self.rho
@@ -137,6 +180,8 @@ class BatchBudget:
 
     def observe(self, report) -> None:
         """Learn step cost, acceptance and draft availability from a step (K = 0 steps teach only cost)."""
+        if not self.auto:
+            return
         if self.costs is not None and report.verify_s > 0:
             ratio = report.verify_s / self.costs.time(report.batch, report.positions)
             for key in ((report.batch, report.positions == 1), (None, report.positions == 1)):

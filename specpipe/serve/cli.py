@@ -2,12 +2,15 @@
 OpenAI API on `host:port` until SIGINT / SIGTERM (exit 130 / 143, one line).
 
 Every finished request is one line of `requests.jsonl` in the run folder (tokens, finish reason,
-time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_batch=8` requests
+time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_batch` requests
 are decoded together (specpipe/batch/: one target forward verifies every row's draft); more wait
-in a bounded queue (`max_queue=16`, then 429). A target or drafter that cannot be batched
-(recurrent / sliding-window layers, a model drafter) is served one request at a time, said in
-one line at start. `budget=auto` reads T(B, n) (timed on the first start on this device, then
-cached) and picks one K per step; every batched step's K and its reasons are a line of `steps.jsonl`.
+in a bounded queue (`max_queue`, then 429); every value is in conf/serve.yaml. A target or
+drafter that cannot be batched (recurrent / sliding-window layers, a model drafter) is served
+one request at a time, said in one line at start. `budget=auto` reads T(B, n) (timed on the
+first start on this device, then cached) and picks one K per step, tuned by budget=auto's own
+keys (`budget.probe_every`, `forget`, `prior_alpha`, `probe_k`); every batched step's K and its
+reasons are a line of `steps.jsonl`. `budget=adaptive` / `confidence` are served as a fixed K
+when batched, said in one line at start.
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ def _task(cfg) -> None:
             TOOL,
             f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}, prefill_per_step={cfg.prefill_per_step}: "
             "need max_batch >= 1, max_queue >= 1, prefill_per_step >= 0",
+            EXIT_CONFIG,
+        )
+    if not (0 <= cfg.batch.margin < 1 and cfg.batch.hindsight_len >= 0):
+        fail(
+            TOOL,
+            f"batch.margin={cfg.batch.margin}, batch.hindsight_len={cfg.batch.hindsight_len}: "
+            "need 0 <= batch.margin < 1 (e.g. 0.03) and batch.hindsight_len >= 0",
             EXIT_CONFIG,
         )
     metrics = Metrics()
@@ -205,8 +215,6 @@ def _uvicorn(app):
 def _worker(cfg, session, metrics, log_step):
     """The batching worker when the target and drafter allow it, else one request at a time;
     and a few words saying which."""
-    from specpipe.batch.budget import BatchBudget
-    from specpipe.batch.costs import cost_table
     from specpipe.batch.decoder import BatchDecoder, refusal, session_plugins
     from specpipe.serve.batch_worker import BatchWorker
     from specpipe.serve.worker import GenerationWorker
@@ -216,21 +224,40 @@ def _worker(cfg, session, metrics, log_step):
         if cfg.max_batch > 1:
             print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
         return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics), "batch 1"
-    budget = session.budget
-    k_max = int(budget.k_max if budget.name == "auto" else getattr(budget, "k", 0))
-    if session.drafter.name == "none":
-        batch_budget = BatchBudget(0)
-    elif budget.name == "auto":
-        costs, where = cost_table(session.target, cfg.max_batch, k_max + 1)
-        print(f"{TOOL}: {costs.describe()} ({where})", file=sys.stderr, flush=True)
-        batch_budget = BatchBudget(k_max, auto=True, costs=costs, hindsight=session.drafter.supports_hindsight)
-    else:  # fixed / adaptive / confidence: their K, the same for every step of the batch
-        batch_budget = BatchBudget(k_max)
+    batch_budget = _batch_budget(cfg, session)
     decoder = BatchDecoder(session.target, session_plugins(session))
     worker = BatchWorker(
         decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
     )
     return worker, f"max_batch={cfg.max_batch}; each step's K and why -> steps.jsonl"
+
+
+def _batch_budget(cfg, session):
+    """The served budget of a batch, from `cfg.budget` (and conf/serve.yaml's `batch:`): auto prices
+    every step of the batch; fixed drafts its K; a per-request budget (adaptive, confidence) is served
+    as a fixed K, said in one line at start."""
+    from specpipe.batch.budget import AutoSettings, BatchBudget
+    from specpipe.batch.costs import cost_table
+
+    b = cfg.budget
+    if session.drafter.name == "none":
+        return BatchBudget(0)
+    if b.name == "auto":
+        costs, where = cost_table(session.target, cfg.max_batch, int(b.k_max) + 1)
+        print(f"{TOOL}: {costs.describe()} ({where})", file=sys.stderr, flush=True)
+        settings = AutoSettings.from_config(b, cfg.batch)
+        return BatchBudget(int(b.k_max), settings, costs, hindsight=session.drafter.supports_hindsight)
+    if b.name != "fixed":  # adaptive / confidence follow one request's acceptance: not yet per row of a batch
+        k = int(b.k)
+        print(
+            f"{TOOL}: budget={session.budget_label()} is served as a fixed K={k} for every row of a batch "
+            "(per-request budgets are not batched yet); budget=auto chooses K for each batch step, "
+            "max_batch=1 serves it as configured",
+            file=sys.stderr,
+            flush=True,
+        )
+        return BatchBudget(k)
+    return BatchBudget(int(b.k))
 
 
 if __name__ == "__main__":
