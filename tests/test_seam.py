@@ -78,6 +78,68 @@ def test_no_class_swap_and_no_assignment_to_mlx_lm_classes():
     assert not found, "patches instead of seams:\n" + "\n".join(found)
 
 
+# mlx-lm module children a forward might be tempted to replace (a rope for per-token positions, a mixer
+# for per-position states, a layer list for layer skipping): only engine/ may put a wrapper in their place
+MODULE_CHILDREN = {"rope", "self_attn", "attention", "mlp", "linear_attn", "mixer", "layers", "lm_head", "embed_tokens"}
+
+
+def module_swaps(rel: str, text: str) -> list[str]:
+    """Outside specpipe/engine/: `x["rope"] = ...`-style child assignments, `x.rope = ...` on anything
+    but `self`, `x.layers[i] = ...`, setattr / delattr on anything but `self`, and update_modules."""
+    if rel.startswith("specpipe/engine/"):
+        return []
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                root = t
+                while isinstance(root, (ast.Attribute, ast.Subscript)):
+                    root = root.value
+                owner_is_self = isinstance(root, ast.Name) and root.id == "self"
+                key = t.slice if isinstance(t, ast.Subscript) else None
+                if isinstance(key, ast.Constant) and key.value in MODULE_CHILDREN:
+                    found.append(f"{rel}:{node.lineno}: assigns module child [{key.value!r}]")
+                elif isinstance(t, ast.Attribute) and t.attr in MODULE_CHILDREN and not owner_is_self:
+                    found.append(f"{rel}:{node.lineno}: assigns module child .{t.attr}")
+                elif (
+                    isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "layers"
+                ) and not owner_is_self:
+                    found.append(f"{rel}:{node.lineno}: assigns into a model's .layers")
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            first = node.args[0] if node.args else None
+            if name in ("setattr", "delattr") and not (isinstance(first, ast.Name) and first.id == "self"):
+                found.append(f"{rel}:{node.lineno}: {name} on {ast.unparse(first) if first else '?'}")
+            elif name == "update_modules":
+                found.append(f"{rel}:{node.lineno}: update_modules")
+    return found
+
+
+def test_no_module_swaps_outside_the_engine():
+    """Module children are replaced (for one forward, and put back) in specpipe/engine/ only."""
+    found = [line for path in SOURCES for line in module_swaps(str(path.relative_to(ROOT)), path.read_text())]
+    assert not found, "module swaps outside engine/ (ask engine/ for a seam instead):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'owner["rope"] = wrapper',
+        "layer.self_attn.rope = wrapper",
+        "model.model.layers[3] = block",
+        'setattr(model, "lm_head", head)',
+        "model.update_modules(tree)",
+    ],
+)
+def test_the_module_swap_check_catches_each_form(line):
+    assert module_swaps("specpipe/trees/forward.py", line)
+    assert not module_swaps("specpipe/engine/positions.py", line)
+    assert not module_swaps("specpipe/trees/forward.py", 'record["ratio"] = 1\nself.layers = [a, b]')
+
+
 def test_a_capturing_run_leaves_the_model_as_mlx_lm_built_it():
     target = tiny("qwen3_next")
     draft = noisy_copy(target, scale=0.03)
@@ -138,10 +200,10 @@ def test_batched_rows():
     assert mx.allclose(rows[1], engine.forward(IDS[::-1], None).logits, atol=1e-5).item()
 
 
-def test_trees_are_refused_until_supported():
+def test_positions_on_no_cache_are_a_fresh_cache():
     engine = tiny("llama")
-    with pytest.raises(NotImplementedError, match="token trees"):
-        engine.forward(IDS, None, positions=mx.arange(len(IDS)))
+    plain = engine.forward(IDS, None).logits
+    assert mx.allclose(engine.forward(IDS, None, positions=mx.arange(len(IDS))).logits, plain, atol=1e-5).item()
 
 
 class SoftCapped(nn.Module):

@@ -4,11 +4,15 @@ Contract: every step each row writes the same number of columns N (its newest to
 draft, padding up to the longest draft); `commit(kept)` then says how many of those N columns
 each row keeps (accepted drafts + 1). Nothing is copied on a partial accept: the columns a row
 did not keep stay in the buffer as holes that `make_mask` hides from every later query, and the
-row's RoPE position (`offset`, one per row, as mlx-lm's BatchKVCache keeps it) advances only by
-what it kept, so a row's keys carry the positions they would have alone. `compact()` squeezes
-the holes out once they outnumber the kept columns. Rows join (`add`, from a solo prefill
-cache) and leave (`keep_rows`) between steps. Works with attention-only mlx-lm models, which
-build their mask with `cache.make_mask` and rotate by `cache.offset`; no model code changes.
+row's RoPE position (`offsets`, one per row) advances only by what it kept, so a row's keys carry
+the positions they would have alone. `compact()` squeezes the holes out once they outnumber the
+kept columns. Rows join (`add`, from a solo prefill cache) and leave (`keep_rows`) between steps.
+
+The batch is storage and bookkeeping only: a step's forward is
+`Engine.forward(ids, batch.layers, positions=batch.positions(n), mask=batch.mask(n))`, the
+engine's one mechanism for per-token positions and masks (engine/positions.py), the same one a
+token tree goes through. Each column's position is kept too (`column_positions`), so a
+sliding-window layer masks by position, holes or not.
 
 Worked example (2 rows, N = 3 columns per step): row 0 keeps 3 (2 drafts accepted), row 1
 keeps 1 (its draft rejected). Columns written [10, 11, 12]: row 0 sees all three from now on,
@@ -34,8 +38,8 @@ class RaggedBatch:
     def _reset(self, n_layers: int) -> None:
         self.layers = [LayerCache(self) for _ in range(n_layers)]
         self.valid = np.zeros((0, 0), dtype=bool)  # [B, capacity]: which columns each row attends to
+        self.pos = np.zeros((0, 0), dtype=np.int32)  # [B, capacity]: each column's position in its row
         self.offsets = np.zeros(0, dtype=np.int32)  # [B]: RoPE position of each row's next token
-        self.offset = mx.array(self.offsets)
         self.idx = 0  # columns written so far (shared by every row)
 
     @property
@@ -55,14 +59,17 @@ class RaggedBatch:
             for layer in self.layers:
                 layer.pad_left(P - self.idx, self.idx)
             self.valid = np.pad(self.valid[:, : self.idx], ((0, 0), (P - self.idx, 0)))
+            self.pos = np.pad(self.pos[:, : self.idx], ((0, 0), (P - self.idx, 0)))
             self.idx = P
         for layer, solo in zip(self.layers, solo_cache):
             layer.add_row(solo, P, self.idx)
         row_valid = np.zeros((1, self.valid.shape[1]), dtype=bool)
         row_valid[0, self.idx - P : self.idx] = True
+        row_pos = np.zeros((1, self.valid.shape[1]), dtype=np.int32)
+        row_pos[0, self.idx - P : self.idx] = np.arange(P)
         self.valid = np.concatenate([self.valid, row_valid])
+        self.pos = np.concatenate([self.pos, row_pos])
         self.offsets = np.append(self.offsets, np.int32(P))
-        self.offset = mx.array(self.offsets)
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these rows (in this order); the others leave the batch."""
@@ -71,25 +78,32 @@ class RaggedBatch:
             return
         for layer in self.layers:
             layer.take_rows(rows)
-        self.valid, self.offsets = self.valid[rows], self.offsets[rows]
-        self.offset = mx.array(self.offsets)
+        self.valid, self.pos, self.offsets = self.valid[rows], self.pos[rows], self.offsets[rows]
 
     # ---------------------------------------------------------------- the step
 
-    def make_mask(self, n: int) -> mx.array:
-        """[B, 1, n, idx + n] bool: earlier columns each row kept, then causal over the new n."""
-        past = mx.array(self.valid[:, : self.idx])[:, None, None, :]
-        past = mx.broadcast_to(past, (self.size, 1, n, self.idx))
-        causal = mx.broadcast_to(mx.tril(mx.ones((n, n), dtype=mx.bool_)), (self.size, 1, n, n))
+    def positions(self, n: int) -> np.ndarray:
+        """[B, n] int: the positions of the next n columns of each row (its offset on)."""
+        return self.offsets[:, None] + np.arange(n, dtype=np.int32)[None, :]
+
+    def mask(self, n: int) -> mx.array:
+        """[B, n, idx + n] bool: earlier columns each row kept, then causal over the new n (Engine.forward's mask)."""
+        past = mx.broadcast_to(mx.array(self.valid[:, : self.idx])[:, None, :], (self.size, n, self.idx))
+        causal = mx.broadcast_to(mx.tril(mx.ones((n, n), dtype=mx.bool_)), (self.size, n, n))
         return mx.concatenate([past, causal], axis=-1)
+
+    def column_positions(self) -> mx.array:
+        """[B, idx] int: each written column's position in its row (a hole's: whatever it was fed at)."""
+        return mx.array(self.pos[:, : self.idx])
 
     def commit(self, kept: list[int], n: int) -> None:
         """After a forward over n columns per row: row b keeps its first kept[b] of them."""
         if self.valid.shape[1] < self.idx + n:
-            self.valid = np.pad(self.valid, ((0, 0), (0, self.idx + n - self.valid.shape[1] + GROW)))
+            more = ((0, 0), (0, self.idx + n - self.valid.shape[1] + GROW))
+            self.valid, self.pos = np.pad(self.valid, more), np.pad(self.pos, more)
         self.valid[:, self.idx : self.idx + n] = np.arange(n)[None, :] < np.asarray(kept)[:, None]
+        self.pos[:, self.idx : self.idx + n] = self.positions(n)
         self.offsets = self.offsets + np.asarray(kept, dtype=np.int32)
-        self.offset = mx.array(self.offsets)
         self.idx += n
 
     def holes(self) -> int:
@@ -111,11 +125,15 @@ class RaggedBatch:
         gather = mx.array(index)[:, None, :, None]
         for layer in self.layers:
             layer.gather(gather)
+        self.pos = np.take_along_axis(self.pos[:, : self.idx], index, axis=1) if self.size else self.pos[:, :0]
         self.valid, self.idx = valid, width
 
 
 class LayerCache:
-    """What one attention layer of an mlx-lm model sees as its cache: keys / values [B, H, cols, D]."""
+    """One attention layer's storage for the batch: keys / values [B, H, cols, D], written at the shared
+    column `idx`. It holds no mask of its own: Engine.forward sees it through engine/positions.py."""
+
+    positioned = True  # engine/positions.py: an attention cache that counts its columns itself (`columns`)
 
     def __init__(self, batch: RaggedBatch):
         self.batch = batch
@@ -123,17 +141,23 @@ class LayerCache:
         self.values: Any = None
 
     @property
-    def offset(self) -> mx.array:
-        return self.batch.offset  # [B]: mlx-lm rotates each row's queries and keys from here
+    def columns(self) -> int:
+        return self.batch.idx  # key columns written so far, holes included (the mask's width before a forward)
+
+    @property
+    def offset(self) -> np.ndarray:
+        return self.batch.offsets  # [B]: each row's next position
+
+    def column_positions(self) -> mx.array:
+        return self.batch.column_positions()
 
     @property
     def state(self):
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        if window_size is not None:
-            raise ValueError("sliding-window attention cannot be batched with holes")
-        return self.batch.make_mask(n)
+        # reached only by a direct model call, which would attend to the holes
+        raise ValueError("a RaggedBatch is fed through Engine.forward(ids, batch.layers, positions=, mask=)")
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         start, n = self.batch.idx, keys.shape[2]
@@ -158,7 +182,11 @@ class LayerCache:
             self.values = mx.concatenate([self.values, new_v], axis=2)
 
     def add_row(self, solo, P: int, idx: int) -> None:
-        """Append a row holding the solo cache's P columns at [idx - P, idx)."""
+        """Append a row holding the solo cache's P columns at [idx - P, idx).
+
+        A window layer (engine/kv.py WindowKVCache) may have dropped its oldest positions: it fills
+        only its newest columns; the zeros before them lie outside every later query's window.
+        """
         if self.keys is None and solo.keys is None:
             return  # nothing prefilled anywhere yet: the first forward allocates
         like_k = self.keys if self.keys is not None else solo.keys
@@ -167,9 +195,10 @@ class LayerCache:
         H, Dk, Dv = like_k.shape[1], like_k.shape[3], like_v.shape[3]
         row_k = mx.zeros((1, H, width, Dk), like_k.dtype)
         row_v = mx.zeros((1, H, width, Dv), like_v.dtype)
-        if P:
-            row_k[..., idx - P : idx, :] = solo.keys[..., :P, :]
-            row_v[..., idx - P : idx, :] = solo.values[..., :P, :]
+        held = P - getattr(solo, "start", 0)
+        if held:
+            row_k[..., idx - held : idx, :] = solo.keys[..., :held, :]
+            row_v[..., idx - held : idx, :] = solo.values[..., :held, :]
         if self.keys is None:  # rows already here had nothing prefilled: holes for them
             B = self.batch.size
             self.keys = mx.zeros((B, H, width, Dk), like_k.dtype)

@@ -79,7 +79,7 @@ def calibrate(target, max_batch: int, max_n: int, repeats: int = 5) -> CostTable
             timings = []
             for _ in range(repeats + 1):  # the first run warms up
                 t0 = time.perf_counter()
-                out = target.model(ids, cache=batch.layers)
+                out = target.forward(ids, batch.layers, positions=batch.positions(n), mask=batch.mask(n)).logits
                 mx.eval(out, [layer.state for layer in batch.layers])
                 timings.append(time.perf_counter() - t0)
             seconds[i, j] = min(timings[1:])

@@ -21,6 +21,7 @@ import mlx.nn as nn
 from specpipe.engine import introspect
 from specpipe.engine.info import ModelInfo
 from specpipe.engine.kv import model_cache
+from specpipe.engine.positions import placed
 from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
 
 PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
@@ -74,6 +75,7 @@ class Engine:
         self._mixers: list[tuple[Any, Any, StepwiseMixer]] | None = (
             None  # [(parent, key, StepwiseMixer)], found on the first state capture
         )
+        self._ropes: list | None = None  # the attention layers owning a `rope`, found on the first positioned forward
         self.prefill_chunk = PREFILL_CHUNK
         self.kv = None  # a KV cache policy (engine/kv.py, kv=...); None: the model's own (kv.model_cache)
 
@@ -100,18 +102,35 @@ class Engine:
             cache: the cache from `make_cache`, updated in place (None: no cache).
             capture: what to hand back beside the logits (None: logits only,
                 the plain mlx-lm call).
-            positions, mask: reserved for token trees (per-token positions and
-                an attention mask over the cache); not supported yet.
+            positions: int [n] / [rows, n], each fed token's absolute (RoPE)
+                position (a tree's nodes: offset + depth; a batch's rows: each
+                its own offset); None: each row continues its cache.
+            mask: bool [n, L] / [rows, n, L], True = may attend, L = the key
+                columns the cache held before this forward plus n (column j:
+                position j of a plain cache; the last n: the fed tokens); None
+                with positions: causal over the fed tokens. Sliding-window
+                layers also apply their window from `positions`
+                (engine/positions.py has the full contract).
 
         Returns:
             ForwardResult with lazy arrays (nothing is evaluated here).
+
+        Raises:
+            SpecpipeError (one line) when the cache cannot take positions / a
+            mask (a recurrent layer under a tree, a quantized or chunked one).
         """
-        if positions is not None or mask is not None:
-            raise NotImplementedError("Engine.forward: per-token positions / masks (token trees) are not supported yet")
         if not isinstance(token_ids, mx.array):
             token_ids = mx.array(token_ids, dtype=mx.uint32)
         batched = token_ids.ndim == 2
         ids = token_ids if batched else token_ids[None]
+        if positions is not None or mask is not None:
+            if self._ropes is None:
+                self._ropes = introspect.rope_owners(self.model)
+            with placed(self._ropes, cache or self.make_cache(), ids.shape[0], ids.shape[1], positions, mask) as fed:
+                return self._run(ids, fed, capture, batched)
+        return self._run(ids, cache, capture, batched)
+
+    def _run(self, ids: mx.array, cache: list | None, capture: Capture | None, batched: bool) -> ForwardResult:
         if capture is None:  # the fast path: exactly the mlx-lm call
             logits = self.model(ids, cache=cache)
             return ForwardResult(logits=(logits if batched else logits[0]).astype(mx.float32))

@@ -122,3 +122,12 @@ def foreign_modules(model: nn.Module) -> list[str]:
         for path, m in model.named_modules()
         if not type(m).__module__.startswith(("mlx.", "mlx_lm.")) and type(m).__module__ != "mlx"
     ]
+
+
+# ---------------------------------------------------------------- attention
+
+
+def rope_owners(model: nn.Module) -> list[nn.Module]:
+    """The modules (attention layers) that hold a `rope` child module: where a positioned forward
+    rotates tokens at their own positions (engine/positions.py)."""
+    return [m for _, m in model.named_modules() if isinstance(m.get("rope"), nn.Module)]
