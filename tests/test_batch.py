@@ -4,10 +4,15 @@ accepting different numbers of drafted tokens; sampled rows are seeded and indep
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import yaml
 
-from specpipe.batch.budget import BatchBudget, CostTable, calibrate
+from specpipe.batch.budget import AutoSettings, BatchBudget, CostTable, calibrate
 from specpipe.batch.costs import cost_table
 from specpipe.batch.decoder import BatchDecoder, RowStep, StepReport, refusal
 from specpipe.core.sampling import Sampler
@@ -15,7 +20,8 @@ from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
 from specpipe.core.stages.compare import GreedyComparator, RejectionComparator
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.drafters.none import NoneDrafter
-from tests.conftest import first_difference, generate, tiny
+from specpipe.events import Drafted, Emitted, Verified
+from tests.conftest import CONF_DIR, first_difference, generate, tiny
 
 TEXTS = [
     "the cat sat on the mat, the cat sat on the",  # repetitive: n-gram drafts get accepted
@@ -23,6 +29,31 @@ TEXTS = [
     "ab",  # one token of prefill
     "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
 ]
+
+
+def served_auto_settings() -> AutoSettings:
+    """What specpipe-serve budget=auto batches with: conf/budget/auto.yaml's keys and conf/serve.yaml's batch:."""
+    conf = Path(CONF_DIR)
+    budget = yaml.safe_load((conf / "budget" / "auto.yaml").read_text())
+    batch = yaml.safe_load((conf / "serve.yaml").read_text())["batch"]
+    return AutoSettings.from_config(SimpleNamespace(**budget), SimpleNamespace(**batch))
+
+
+def auto(k: int, costs: CostTable, hindsight: bool = False, **changes) -> BatchBudget:
+    """budget=auto over a batch as served, with `changes` to its settings (probe_every=4 ...)."""
+    return BatchBudget(k, dataclasses.replace(served_auto_settings(), **changes), costs, hindsight=hindsight)
+
+
+def row_step(drafted: int, accepted: int, tokens: int) -> RowStep:
+    """One row's step as its events say it: `drafted` ids, `accepted` of them, `tokens` emitted."""
+    return RowStep(
+        row=None,
+        events=[
+            Drafted(step=1, k=drafted, draft_ids=[7] * drafted, seconds=0.0),
+            Verified(step=1, accepted_ids=[7] * accepted, rejected_ids=[7] * (drafted - accepted), seconds=0.0),
+            Emitted(step=1, token_ids=[1] * tokens, text="", from_draft=min(accepted, tokens)),
+        ],
+    )
 
 
 def greedy_plugins(kind: str):
@@ -161,7 +192,7 @@ def assume(budget: BatchBudget, rate: float) -> None:
 
 
 def test_two_rates_count_first_tokens_and_continuations_apart():
-    budget = BatchBudget(8, auto=True, costs=table(0.0), forget=1.0, prior_alpha=0.5)
+    budget = auto(8, table(0.0), forget=1.0, prior_alpha=0.5)
     first, cont = list(budget._first), list(budget._cont)
     budget._count([(4, 4), (4, 2), (4, 0), (0, 0)])  # the last row proposed nothing
     assert budget._first == [first[0] + 2, first[1] + 3]
@@ -177,7 +208,7 @@ def table(per_position_cost: float) -> CostTable:
 
 
 def test_auto_speculates_when_verifying_is_cheap_and_stops_when_compute_bound():
-    cheap, bound = BatchBudget(16, auto=True, costs=table(0.005)), BatchBudget(16, auto=True, costs=table(0.5))
+    cheap, bound = auto(16, table(0.005)), auto(16, table(0.5))
     for budget in (cheap, bound):
         assume(budget, 0.6)  # acceptance 0.6, every row drafting
     assert cheap.next_k(1) >= 4 and cheap.next_k(8) >= 1
@@ -186,10 +217,10 @@ def test_auto_speculates_when_verifying_is_cheap_and_stops_when_compute_bound():
 
 
 def test_auto_probes_after_plain_steps_and_learns_from_the_probe():
-    budget = BatchBudget(16, auto=True, costs=table(0.5), probe_every=4, probe_k=2)
+    budget = auto(16, table(0.5), probe_every=4, probe_k=2)
     ks = [budget.next_k(4) for _ in range(4)]
     assert ks == [0, 0, 0, 2] and budget.last_reason == "probe"
-    rows = [RowStep(row=None, token_ids=[1, 2, 3], texts=[], from_draft=2, drafted=2, accepted=2)] * 4
+    rows = [row_step(2, 2, 3)] * 4
     alpha = budget.alpha
     budget.observe(StepReport(rows, 4, 3, 0.0, 0.0))
     assert budget.alpha > alpha
@@ -202,11 +233,11 @@ def test_calibration_times_real_forwards(target):
 
 
 def test_auto_follows_the_runs_own_step_times():
-    budget = BatchBudget(16, auto=True, costs=table(0.005))  # calibrated: verifying 17 positions is cheap
+    budget = auto(16, table(0.005))  # calibrated: verifying 17 positions is cheap
     assume(budget, 0.3)
     assert budget.next_k(4) > 0
-    rows = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * 4
-    control = BatchBudget(16, auto=True, costs=table(0.005))
+    rows = [row_step(4, 1, 2)] * 4
+    control = auto(16, table(0.005))
     assume(control, 0.3)
     for _ in range(30):  # ... but this run's speculative steps take 5x the calibrated time
         budget.observe(StepReport(rows, 4, 5, 0.0, 5 * budget.costs.time(4, 5)))
@@ -216,7 +247,7 @@ def test_auto_follows_the_runs_own_step_times():
 
 def test_a_near_tie_goes_to_plain_decoding():
     """K > 0 must beat plain by the margin: a mispriced step costs the whole batch."""
-    budget = BatchBudget(16, auto=True, costs=table(0.075))  # K = 1 predicted 1.5% faster than plain
+    budget = auto(16, table(0.075))  # K = 1 predicted 1.5% faster than plain
     assume(budget, 0.25)
     rates = {k: budget.rate(4, k) for k in range(17)}
     best = max(rates, key=lambda k: rates[k])
@@ -228,7 +259,7 @@ def test_a_near_tie_goes_to_plain_decoding():
 
 
 def test_hindsight_keeps_learning_on_plain_steps_without_probes():
-    budget = BatchBudget(16, auto=True, costs=table(0.02), hindsight=True, probe_every=2)
+    budget = auto(16, table(0.02), hindsight=True, probe_every=2)
     assume(budget, 0.05)  # a poor start: plain decoding
     ks, reasons = [], set()
     for _ in range(40):
@@ -287,15 +318,88 @@ def test_a_prompt_prefilled_between_steps_joins_exactly(target, prompts, alone):
 
 def test_step_times_are_corrected_per_batch_size():
     """Speculative steps at B = 8 measured 3x the table, at B = 1 as calibrated: K = 0 at 8 rows only."""
-    budget = BatchBudget(16, auto=True, costs=table(0.005))
+    budget = auto(16, table(0.005))
     assume(budget, 0.5)
     assert budget.next_k(1) > 0 and budget.next_k(8) > 0
     for _ in range(10):
         for rows, factor in ((1, 1.0), (8, 3.0)):
-            steps = [RowStep(row=None, token_ids=[1, 2], texts=[], from_draft=1, drafted=4, accepted=1)] * rows
+            steps = [row_step(4, 1, 2)] * rows
             budget.observe(StepReport(steps, rows, 5, 0.0, factor * budget.costs.time(rows, 5)))
-            plain = [RowStep(row=None, token_ids=[1], texts=[], from_draft=0, drafted=0, accepted=0)] * rows
+            plain = [row_step(0, 0, 1)] * rows
             budget.last_reason = "plain"
             budget.observe(StepReport(plain, rows, 1, 0.0, budget.costs.time(rows, 1)))
     assume(budget, 0.5)
     assert budget.next_k(8) == 0 and budget.next_k(1) > 0
+
+
+def test_the_served_budget_reads_budget_autos_keys(tmp_path, monkeypatch):
+    """specpipe-serve budget=auto batches with the budget's own probe_every / probe_k / forget / prior_alpha
+    (conf/budget/auto.yaml, overridable as for a chain run) and conf/serve.yaml's batch margin."""
+    from hydra import compose, initialize
+
+    import specpipe.serve.config  # noqa: F401  (the serve schema)
+    from specpipe.serve.cli import _batch_budget
+    from specpipe.session import Session
+
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))  # the cost table is timed into a fresh cache
+    overrides = ["model=tiny-random", "budget=auto", "budget.k_max=4", "budget.probe_every=5", "budget.forget=0.8"]
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        cfg = compose(config_name="serve", overrides=[*overrides, "max_batch=2", "batch.margin=0.07"])
+    budget = _batch_budget(cfg, Session(cfg))
+    assert budget.auto and budget.k == 4
+    assert (budget.probe_every, budget.probe_k, budget.forget, budget.margin) == (5, 2, 0.8, 0.07)
+    assert budget._first == [4 * 0.5, 4.0]  # prior_alpha 0.5, from the YAML
+
+
+@pytest.mark.parametrize("option, k", [("adaptive", 4), ("confidence", 16)])
+def test_a_per_request_budget_says_it_is_served_as_a_fixed_k(option, k, capsys):
+    from hydra import compose, initialize
+
+    import specpipe.serve.config  # noqa: F401
+    from specpipe.serve.cli import _batch_budget
+
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        cfg = compose(config_name="serve", overrides=["model=tiny-random", f"budget={option}"])
+    session = SimpleNamespace(drafter=NgramDrafter(), budget_label=lambda: f"{option}(k={k})")
+    budget = _batch_budget(cfg, session)
+    assert not budget.auto and budget.next_k(3) == k
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"budget={option}(k={k}) is served as a fixed K={k}" in line and "budget=auto" in line
+
+
+def test_a_rows_events_are_the_chain_runs_events(target, prompts):
+    """A row of the batch yields what the CLI pipeline yields for the same request, step by step (ids,
+    verdicts, emitted text), and its figures are metrics.py's over those events."""
+    from specpipe.events import RolledBack, RunFinished
+
+    _, solo, solo_events, _ = generate(target, NgramDrafter(min_n=1, max_n=3), 4, prompts[0], 30)
+    decoder = BatchDecoder(target, greedy_plugins("ngram"))
+    decoder.stop_ids = set()
+    row = decoder.add(prompts[0], 30)
+    decoder.add(prompts[3], 12)  # another row in the forward changes nothing of this one's events
+    events = []
+    while row in decoder.rows:
+        events += next(s for s in decoder.step(4).rows if s.row is row).events
+
+    def fields(evs):
+        return [
+            (e.step, e.draft_ids)
+            if isinstance(e, Drafted)
+            else (e.step, e.accepted_ids, e.rejected_ids, e.recovered_id, e.bonus_id, e.rejected_text)
+            if isinstance(e, Verified)
+            else (e.step, e.token_ids, e.text, e.from_draft, e.token_texts)
+            for e in evs
+            if isinstance(e, (Drafted, Verified, Emitted))
+        ]
+
+    # the last step's text: the batch adds what the detokenizer still held (a character cut by max_tokens),
+    # which the chain run's last Emitted leaves out; every other field of every step is the same
+    ours, theirs = fields(events), fields(solo_events)
+    assert ours[:-1] == theirs[:-1] and ours[-1][:2] == theirs[-1][:2] and ours[-1][2].startswith(theirs[-1][2])
+    assert sum(isinstance(e, RolledBack) for e in events) == sum(isinstance(e, Verified) for e in events)
+    finished = events[-1]
+    assert isinstance(finished, RunFinished) and finished.stop_reason == "max_tokens"
+    assert finished.token_ids == solo.token_ids and finished.text.startswith(solo.text)
+    for name in ("generated_tokens", "steps", "drafted", "accepted", "acceptance_rate", "tokens_per_forward"):
+        assert getattr(finished.stats, name) == getattr(solo.stats, name), name
+    assert finished.stats.prompt_tokens == len(prompts[0]) and finished.stats.ttft_s > 0

@@ -14,6 +14,7 @@ from specpipe.serve.batch_worker import BatchWorker
 from specpipe.serve.prometheus import Metrics
 from specpipe.serve.worker import Job
 from tests.conftest import generate, tiny
+from tests.test_batch import auto
 
 
 def plugins(seed, **sampling):
@@ -49,7 +50,13 @@ def test_a_long_prompt_joins_over_several_steps_while_another_row_decodes():
     decoder = BatchDecoder(target, plugins)
     decoder.stop_ids = set()
     worker = BatchWorker(
-        decoder, BatchBudget(4), max_batch=4, metrics=Metrics(), log_step=steps.append, prefill_per_step=16
+        decoder,
+        BatchBudget(4),
+        max_batch=4,
+        max_waiting=4,
+        metrics=Metrics(),
+        log_step=steps.append,
+        prefill_per_step=16,
     )
     try:
         first = Job(prompt_ids=short, max_tokens=300)
@@ -83,11 +90,11 @@ def test_auto_batches_log_each_decision_and_stay_exact():
     texts = ["the cat sat on the mat, the cat sat on the", "def f(x):\n    return x + 1\n\ndef g(x):\n    return"]
     prompts = [target.encode_prompt(t, chat=False) for t in texts]
     costs = CostTable([1, 2], [1, 2, 9], np.array([[1.0, 1.05, 1.5], [1.2, 1.3, 2.0]]))  # drafting is cheap
-    budget = BatchBudget(8, auto=True, costs=costs, hindsight=True)
+    budget = auto(8, costs, hindsight=True)
     steps: list[dict] = []
     decoder = BatchDecoder(target, plugins)
     decoder.stop_ids = set()
-    worker = BatchWorker(decoder, budget, max_batch=2, log_step=steps.append)
+    worker = BatchWorker(decoder, budget, max_batch=2, max_waiting=2, log_step=steps.append)
     try:
         jobs = [Job(prompt_ids=p, max_tokens=40) for p in prompts]
         for job in jobs:

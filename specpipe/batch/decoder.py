@@ -10,6 +10,13 @@ comparator and seeded sampler, keeps per row what it accepted (`RaggedBatch.comm
 columns become masked holes, no copy) and returns what every row emitted; finished rows leave
 the batch. A greedy row emits exactly the tokens that request gets decoded alone with
 `draft=none` (tests/test_batch.py). Never touches HTTP.
+
+Events: every row yields what a chain run yields (events.py), on the row's own clock (t = 0 when
+it was admitted, `begin`): PrefillDone once it joins, then per step Drafted, Verified (the
+step's verify seconds, shared by every row of the forward), RolledBack (strategy "mask": the
+rejected and padding columns became masked holes; the seconds of the shared commit) and
+Emitted, and RunFinished once it ends (`Row.result`). A row's figures come from metrics.py's
+StatsCollector over those events (`Row.collector`), never from counters kept beside them.
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from mlx_lm.models.cache import KVCache
 
 from specpipe.batch.cache import RaggedBatch
 from specpipe.core.pipeline import cut
+from specpipe.core.plan import StepPlan
 from specpipe.core.stages.compare import first_false
 from specpipe.core.stages.draft import Draft
+from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, Verified
+from specpipe.metrics import StatsCollector
 
 BATCHABLE_DRAFTERS = ("none", "ngram")  # drafters without a model cache of their own
 
@@ -80,22 +90,87 @@ class Row:
     detok: Any
     context: list[int] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
-    steps: int = 0  # target forwards this row took part in
     finished: str | None = None  # "eos" | "max_tokens" | "stopped"
+    t0: float = field(default_factory=time.perf_counter)  # the row's clock: its events' t counts from here
+    collector: StatsCollector = field(default_factory=StatsCollector)  # its figures, from its events alone
+    pending: list[Event] = field(default_factory=list)  # events for its next RowStep (PrefillDone at join)
+    hindsight: tuple[list[int], int] = ([], 0)  # this step's look back: (guessed ids, of them matched)
+
+    @property
+    def drafted(self) -> int:
+        return self.collector.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.collector.accepted
+
+    @property
+    def steps(self) -> int:
+        """Target forwards this row took part in."""
+        return self.collector.steps
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def result(self, reason: str | None = None) -> RunFinished:
+        """The row's RunFinished: its tokens, text and figures (`reason`: how it ended when it did not end
+        on its own, e.g. "stopped" for a cancelled request or a stop string)."""
+        t = self.clock()
+        return RunFinished(
+            t=t,
+            stop_reason=reason or self.finished or "stopped",
+            token_ids=list(self.collector.token_ids),
+            text=self.collector.text,
+            stats=self.collector.stats(wall_s=t),
+        )
 
 
 @dataclass
 class RowStep:
-    """What one row emitted in one step."""
+    """One row's step as events: [PrefillDone], Drafted, Verified, RolledBack, Emitted[, RunFinished]."""
 
     row: Row
-    token_ids: list[int]
-    texts: list[str]  # one printable piece per token (may be "" while a character is incomplete)
-    from_draft: int  # how many of token_ids were accepted drafts (they come first)
-    drafted: int
+    events: list[Event]
+
+    def _one(self, kind):
+        return next((e for e in self.events if isinstance(e, kind)), None)
+
+    @property
+    def token_ids(self) -> list[int]:
+        emitted = self._one(Emitted)
+        return list(emitted.token_ids) if emitted else []
+
+    @property
+    def texts(self) -> list[str]:
+        """One printable piece per token (may be "" while a character is incomplete)."""
+        emitted = self._one(Emitted)
+        return list(emitted.token_texts) if emitted else []
+
+    @property
+    def from_draft(self) -> int:
+        """How many of token_ids were accepted drafts (they come first)."""
+        emitted = self._one(Emitted)
+        return emitted.from_draft if emitted else 0
+
+    @property
+    def drafted(self) -> int:
+        drafted = self._one(Drafted)
+        return len(drafted.draft_ids) if drafted else 0
+
+    @property
+    def accepted(self) -> int:
+        verified = self._one(Verified)
+        return len(verified.accepted_ids) if verified else 0
+
+
+@dataclass
+class Outcome:
+    """One row's verdict on its draft: the ids it keeps (accepted drafts, then the target's token)."""
+
+    new_ids: list[int]
     accepted: int
+    bonus: bool  # the whole draft held: the last id is the bonus (else the recovered token)
+    overlap: list[float] = field(default_factory=list)  # Σ min(p, q) per draft position (sampling rules)
 
 
 @dataclass
@@ -115,6 +190,7 @@ class Joining:
     row: Row
     cache: list
     fed: int = 0  # prompt tokens in `cache` so far
+    seconds: float = 0.0  # spent prefilling (the wait between chunks, while other rows step, excluded)
 
     @property
     def todo(self) -> int:
@@ -128,7 +204,9 @@ class Joining:
         """Feed up to n more prompt tokens (in the engine's prefill chunks); True once all are in."""
         take = min(n, self.todo)
         if take > 0:
+            s = time.perf_counter()
             self.target.prefill(self.row.prompt_ids[self.fed : self.fed + take], self.cache)
+            self.seconds += time.perf_counter() - s
             self.fed += take
         return self.done
 
@@ -175,10 +253,19 @@ class BatchDecoder:
     def join(self, joining: Joining) -> Row:
         """The prefilled request becomes a row of the batch (between steps)."""
         assert joining.done, "join() after the whole prompt is prefilled"
-        joining.row.drafter.prefill(joining.row.prompt_ids)
+        row = joining.row
+        s = time.perf_counter()
+        row.drafter.prefill(row.prompt_ids)
+        draft_s = time.perf_counter() - s
         self.cache.add(joining.cache)
-        self.rows.append(joining.row)
-        return joining.row
+        self.rows.append(row)
+        t = row.clock()  # from admission: a prompt fed over several steps waited between its chunks
+        done = PrefillDone(
+            t=t, tokens=len(row.prompt_ids), seconds=t, target_seconds=joining.seconds, draft_seconds=draft_s
+        )
+        row.collector.consume(done)
+        row.pending.append(done)
+        return row
 
     def remove(self, rows: list[Row]) -> None:
         """These rows leave the batch (cancelled, or finished)."""
@@ -188,10 +275,19 @@ class BatchDecoder:
             self.cache.keep_rows(keep)
             self.rows = [self.rows[i] for i in keep]
 
-    def step(self, k: int) -> StepReport:
-        """One draft -> verify -> compare -> keep round for every row; finished rows leave after it."""
+    def step(self, k: int, decision: BudgetDecision | None = None) -> StepReport:
+        """One draft -> verify -> compare -> keep round for every row; finished rows leave after it.
+
+        Args:
+            k: the most tokens any row drafts this step.
+            decision: why the batch's budget chose k (carried by every row's Drafted event).
+        """
         t0 = time.perf_counter()
-        drafts = [self._draft(row, k) for row in self.rows]
+        drafts, drafting = [], []  # per row: its draft, (its own draft seconds, its drafter's forwards)
+        for row in self.rows:
+            s, f0 = time.perf_counter(), row.drafter.forwards
+            drafts.append(self._draft(row, k))
+            drafting.append((time.perf_counter() - s, row.drafter.forwards - f0))
         draft_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         n = 1 + max(len(d.token_ids) for d in drafts)
@@ -199,16 +295,16 @@ class BatchDecoder:
         for b, (row, d) in enumerate(zip(self.rows, drafts)):
             ids[b, 0] = row.context[-1]
             ids[b, 1 : 1 + len(d.token_ids)] = d.token_ids
-        logits = self.target.forward(  # [B, n, vocab]: each row at its own positions, its holes masked
-            ids, self.cache.layers, positions=self.cache.positions(n), mask=self.cache.mask(n)
-        ).logits
+        logits = self.target.model(mx.array(ids), cache=self.cache.layers).astype(mx.float32)  # [B, n, vocab]
         mx.eval(logits, [layer.state for layer in self.cache.layers])
         argmax = mx.argmax(logits, axis=-1).tolist() if any(r.greedy for r in self.rows) else None
-        verdicts = [self._compare(b, row, d, logits, argmax) for b, (row, d) in enumerate(zip(self.rows, drafts))]
-        self.cache.commit([len(new_ids) for new_ids, _ in verdicts], n)
-        verify_s = time.perf_counter() - t0
+        outcomes = [self._compare(b, row, d, logits, argmax) for b, (row, d) in enumerate(zip(self.rows, drafts))]
+        compared = time.perf_counter()
+        self.cache.commit([len(o.new_ids) for o in outcomes], n)
+        verify_s, commit_s = time.perf_counter() - t0, time.perf_counter() - compared
         steps = [
-            self._emit(row, d, new_ids, accepted) for row, d, (new_ids, accepted) in zip(self.rows, drafts, verdicts)
+            self._emit(row, k, d, timing, o, verify_s - commit_s, commit_s, n, decision)
+            for row, d, timing, o in zip(self.rows, drafts, drafting, outcomes)
         ]
         report = StepReport(steps, len(self.rows), n, draft_s, verify_s)
         self.remove([row for row in self.rows if row.finished])
@@ -232,48 +328,120 @@ class BatchDecoder:
             if m <= 0 or len(row.output) < m or not row.drafter.supports_hindsight:
                 continue
             guess = row.drafter.hindsight(row.context, m)[:m]
-            guesses.append((len(guess), first_false([g == t for g, t in zip(guess, row.context[-m:])])))
+            matched = first_false([g == t for g, t in zip(guess, row.context[-m:])])
+            row.hindsight = (list(guess), matched)  # the row's next Drafted event carries it
+            guesses.append((len(guess), matched))
         return guesses
 
     # ---------------------------------------------------------------- per row
 
     def _draft(self, row: Row, k: int) -> Draft:
         k = min(k, row.max_tokens - len(row.output) - 1)  # never more than still wanted, minus the bonus
-        draft = row.drafter.propose(row.context, k) if k > 0 else Draft(token_ids=[])
+        draft = row.drafter.propose(row.context, StepPlan(k=k)) if k > 0 else Draft(token_ids=[])
         draft.token_ids = list(draft.token_ids[: max(k, 0)])
         return draft
 
     @staticmethod
-    def _compare(b: int, row: Row, draft: Draft, logits: mx.array, argmax) -> tuple[list[int], int]:
-        """(the ids this row keeps: accepted drafts + recovered or bonus, accepted count)."""
+    def _compare(b: int, row: Row, draft: Draft, logits: mx.array, argmax) -> Outcome:
+        """What this row keeps of its draft, and whether its last id is the bonus or the recovered token."""
         k = len(draft.token_ids)
         if row.greedy:
             target_ids = argmax[b]
             n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
-            return draft.token_ids[:n] + [target_ids[n]], n
+            return Outcome(draft.token_ids[:n] + [target_ids[n]], n, n == k)
         verdict = row.comparator.compare(draft, logits[b, : k + 1])
         n = verdict.accepted
         last = row.bonus.pick(logits[b, k]) if n == k else verdict.recovered_id
-        return draft.token_ids[:n] + [last], n
+        assert last is not None, "a comparator that rejects must recover a token"
+        return Outcome(draft.token_ids[:n] + [last], n, n == k, list(verdict.overlap))
 
-    def _emit(self, row: Row, draft: Draft, new_ids: list[int], accepted: int) -> RowStep:
-        kept, from_draft = cut(new_ids, accepted, self.stop_ids, row.max_tokens - len(row.output))
+    def _emit(
+        self,
+        row: Row,
+        k: int,
+        draft: Draft,
+        drafting: tuple[float, int],
+        out: Outcome,
+        verify_s: float,
+        commit_s: float,
+        columns: int,
+        decision: BudgetDecision | None,
+    ) -> RowStep:
+        """Keep the row's new tokens (cut at a stop token or max_tokens) and say so in events, as
+        core/pipeline.py does for one step of a chain run."""
+        step, ids, n = row.steps + 1, draft.token_ids, out.accepted
+        draft_s, forwards = drafting
+        guess, matched = row.hindsight
+        row.hindsight = ([], 0)
+        pending, row.pending = row.pending, []  # already counted by the collector (join)
+        events: list[Event] = []
+        drafted_forwards = min(forwards - draft.catchup_forwards, len(ids))
+        events.append(
+            Drafted(
+                t=row.clock(),
+                step=step,
+                k=max(min(k, row.max_tokens - len(row.output) - 1), 0),
+                draft_ids=list(ids),
+                seconds=draft_s,
+                hindsight_ids=guess,
+                hindsight_matched=matched,
+                forwards=forwards,
+                draft_forwards=drafted_forwards,
+                catchup_forwards=draft.catchup_forwards,
+                catchup_tokens=draft.catchup_tokens,
+                wasted_forwards=forwards - draft.catchup_forwards - drafted_forwards,
+                probe=decision is not None and decision.reason == "probe" and bool(ids),
+                decision=decision,
+            )
+        )
+        last = out.new_ids[-1]
+        events.append(
+            Verified(
+                t=row.clock(),
+                step=step,
+                accepted_ids=list(ids[:n]),
+                rejected_ids=list(ids[n:]),
+                recovered_id=None if out.bonus else last,
+                bonus_id=last if out.bonus else None,
+                seconds=verify_s,
+                rejected_text=self.target.decode(ids[n:]) if n < len(ids) else "",
+                overlap=out.overlap,
+            )
+        )
+        # the columns this row fed and does not keep (rejected drafts, padding) are masked holes now
+        events.append(
+            RolledBack(
+                t=row.clock(),
+                step=step,
+                strategy="mask",
+                target_dropped=columns - len(out.new_ids),
+                draft_dropped=0,
+                seconds=commit_s,
+            )
+        )
+        kept, from_draft = cut(out.new_ids, n, self.stop_ids, row.max_tokens - len(row.output))
         texts = []
         for tid in kept:
             row.detok.add_token(tid)
             texts.append(row.detok.last_segment)
         row.output.extend(kept)
-        row.context.extend(new_ids)
-        row.drafted += len(draft.token_ids)
-        row.accepted += accepted
-        row.steps += 1
-        if len(kept) < len(new_ids) and len(row.output) < row.max_tokens:
+        row.context.extend(out.new_ids)
+        if len(kept) < len(out.new_ids) and len(row.output) < row.max_tokens:
             row.finished = "eos"
         elif len(row.output) >= row.max_tokens:
             row.finished = "max_tokens"
+        text = "".join(texts)
         if row.finished:
             row.detok.finalize()
             tail = row.detok.last_segment  # text held back for a character still incomplete
-            if tail:
-                texts[-1:] = [(texts[-1] if texts else "") + tail]
-        return RowStep(row, kept, texts, from_draft, len(draft.token_ids), accepted)
+            if tail and texts:
+                texts[-1] += tail
+            text += tail
+        events.append(
+            Emitted(t=row.clock(), step=step, token_ids=kept, text=text, from_draft=from_draft, token_texts=texts)
+        )
+        for event in events:
+            row.collector.consume(event)
+        if row.finished:
+            events.append(row.result())
+        return RowStep(row, pending + events)

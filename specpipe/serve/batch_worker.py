@@ -5,7 +5,9 @@ job's own queue: ("delta", Delta), then ("done", Finished) or ("error", message)
 steps it drops rows whose client left or whose stop string appeared, admits waiting requests
 (each prefilled alone, `prefill_per_step` prompt tokens between two steps while other rows
 decode, then a row of the batch), asks the budget for one K for the whole batch and runs one
-`BatchDecoder.step`. A full queue raises QueueFull (HTTP 429). Never touches HTTP.
+`BatchDecoder.step`. Each row's events go through its `answer.AnswerStream` (the one delta type
+both workers queue), and its figures are its RunFinished's (metrics.py), not counted here. A full
+queue raises QueueFull (HTTP 429). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -13,57 +15,36 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from specpipe.serve.worker import (
-    SHUTTING_DOWN,
-    Finished,
-    Job,
-    QueueFull,
-    cancelled_unstarted,
-    drop_cancelled,
-    first_stop,
-    mark_end,
-)
+from specpipe.events import Emitted
+from specpipe.serve.answer import AnswerStream, answer_figures
+from specpipe.serve.worker import SHUTTING_DOWN, Job, QueueFull, cancelled_unstarted, drop_cancelled, mark_end
 
 IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
 
 
 @dataclass
-class Delta:
-    """A piece of text for the client, with how many tokens it took and how many were accepted drafts."""
-
-    text: str
-    tokens: int = 0
-    from_draft: int = 0
-
-
-@dataclass
 class Active:
-    """A job being decoded: its row and what has been streamed of it."""
+    """A job being decoded: its row and its answer's stream."""
 
     job: Job
     row: Any  # batch.decoder.Row
     started: float
-    hold: int  # characters held back: a stop string may still be forming
-    text: str = ""
-    sent: int = 0
-    stopped: bool = False
-    first_token: float | None = None
-    last_emit: float | None = None
-    pending_tokens: int = 0
-    pending_draft: int = 0
-    intervals: list[float] = field(default_factory=list)
+    answer: AnswerStream
+    last_emit: float | None = None  # when its previous tokens came (/metrics' TTFT and inter-token gaps)
 
 
 class BatchWorker:
+    per_request_sampling = True  # every row owns a seeded sampler: a request may set temperature / top_p / seed
+
     def __init__(
         self,
         decoder,
         budget,
-        max_batch: int = 8,
-        max_waiting: int = 16,
+        max_batch: int,
+        max_waiting: int,
         metrics=None,
         log_step=None,
         prefill_per_step: int = 0,
@@ -117,7 +98,7 @@ class BatchWorker:
                 k = self.budget.next_k(len(self._active))
                 if self.budget.hindsight_k:  # a plain step: the drafters still learn, looking back
                     self.budget.observe_hindsight(self.decoder.look_back(self.budget.hindsight_k))
-                report = self.decoder.step(k)
+                report = self.decoder.step(k, self.budget.decision_event())
             except Exception as exc:  # a failed step fails its rows, not the server
                 self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 continue
@@ -184,8 +165,7 @@ class BatchWorker:
             if joining.done:
                 self._joining.remove(entry)
                 row = self.decoder.join(joining)
-                hold = max((len(s) for s in job.stop), default=1) - 1
-                self._active.append(Active(job, row, admitted, hold))
+                self._active.append(Active(job, row, admitted, AnswerStream(job)))
 
     def _reject(self, job: Job, exc: Exception) -> None:
         job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
@@ -193,67 +173,37 @@ class BatchWorker:
 
     def _emit(self, step) -> None:
         a = next(a for a in self._active if a.row is step.row)
+        for event in step.events:
+            if isinstance(event, Emitted) and event.token_ids:
+                self._timed(a, len(event.token_ids))
+            a.answer.consume(event)  # a stop string ends the row below: its later tokens are not the answer
+        if a.answer.stopped or step.row.finished:
+            self._finish(a, "stop" if a.answer.stopped or step.row.finished == "eos" else "length")
+
+    def _timed(self, a: Active, tokens: int) -> None:
+        """/metrics: TTFT at a request's first tokens, the gap since its last ones after that."""
         now = time.perf_counter()
-        if step.token_ids:
-            if a.first_token is None:
-                a.first_token = now
-                self._observe("specpipe_ttft_seconds", now - a.job.submitted)
-            elif a.last_emit is not None:
-                a.intervals.append(now - a.last_emit)
-                self._observe("specpipe_inter_token_seconds", now - a.last_emit)
-            a.last_emit = now
-            if self.metrics:
-                self.metrics.emitted(len(step.token_ids))
-        a.pending_tokens += len(step.token_ids)
-        a.pending_draft += step.from_draft
-        a.text += "".join(step.texts)
-        cut = first_stop(a.text, a.job.stop)
-        if cut is not None:
-            a.text, a.stopped = a.text[:cut], True
-        safe = len(a.text) if cut is not None or step.row.finished else max(a.sent, len(a.text) - a.hold)
-        if safe > a.sent:
-            a.job.out.put(("delta", Delta(a.text[a.sent : safe], a.pending_tokens, a.pending_draft)))
-            a.sent, a.pending_tokens, a.pending_draft = safe, 0, 0
-        if a.stopped or step.row.finished:
-            self._finish(a, "stop" if a.stopped or step.row.finished == "eos" else "length")
+        if a.last_emit is None:
+            self._observe("specpipe_ttft_seconds", now - a.job.submitted)
+        else:
+            self._observe("specpipe_inter_token_seconds", now - a.last_emit)
+        a.last_emit = now
+        if self.metrics:
+            self.metrics.emitted(tokens)
 
     def _finish(self, a: Active, reason: str) -> None:
         self.decoder.remove([a.row])
         self._active.remove(a)
-        row, now = a.row, time.perf_counter()
-        tokens = len(row.output)
-        decode_s = (now - a.first_token) if a.first_token else 0.0
-        stats = {
-            "drafted": row.drafted,
-            "accepted": row.accepted,
-            "acceptance_rate": row.accepted / row.drafted if row.drafted else 0.0,
-            "tokens_per_forward": tokens / row.steps if row.steps else 0.0,
-            "target_forwards": row.steps,
-            "decode_tok_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
-            "ttft_s": (a.first_token - a.started) if a.first_token else 0.0,
-            "batched": True,
-        }
+        result = a.row.result()  # its figures, from its own events (metrics.py)
+        a.answer.finished = result
         if reason == "cancelled":
             mark_end(a.job, self.metrics)
-        if len(a.text) > a.sent and reason != "cancelled":
-            a.job.out.put(("delta", Delta(a.text[a.sent :], a.pending_tokens, a.pending_draft)))
-        a.job.out.put(
-            (
-                "done",
-                Finished(
-                    text=a.text,
-                    finish_reason=reason,
-                    prompt_tokens=len(row.prompt_ids),
-                    completion_tokens=tokens,
-                    stats=stats,
-                    queue_s=a.started - a.job.submitted,
-                ),
-            )
-        )
+        figures = answer_figures(result.stats, batched=True)
+        a.answer.finish(reason, len(a.row.prompt_ids), figures, a.started - a.job.submitted)
         self._count("specpipe_requests_total", status="cancelled" if reason == "cancelled" else "ok")
-        self._observe("specpipe_request_seconds", now - a.job.submitted)
-        self._count("specpipe_drafted_tokens_total", row.drafted)
-        self._count("specpipe_accepted_tokens_total", row.accepted)
+        self._observe("specpipe_request_seconds", time.perf_counter() - a.job.submitted)
+        self._count("specpipe_drafted_tokens_total", result.stats.drafted)
+        self._count("specpipe_accepted_tokens_total", result.stats.accepted)
 
     def _fail_all(self, message: str) -> None:
         for a in list(self._active):

@@ -10,9 +10,10 @@ reach the event loop through `_Bridge` (call_soon_threadsafe), so no thread wait
 Endings: a client that disconnects (streamed or not) is seen by uvicorn at once and its job is
 cancelled, freeing its batch slot at the next step; requests.jsonl logs it `client_disconnected`
 with the tokens decoded until then. A request cut by shutdown is answered `finish_reason: "length"`
-with `specpipe.cut: "shutdown"` (never "stop") and logged `cancelled`. Streamed chunks carry
-`specpipe.tokens` / `specpipe.from_draft`: how many tokens the chunk's text took and how many of
-them were accepted drafts.
+with `specpipe.cut: "shutdown"` (never "stop") and logged `cancelled`. Both workers queue one
+delta type (`answer.Delta`); each streamed chunk carries it as its `specpipe` field: the token ids
+its text completes with their roles, the rejected drafts of their steps, and the counts
+(`openai_api.delta_fields`, docs/serve.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from specpipe.serve.openai_api import (
     BadRequest,
     chunk_body,
     completion_body,
+    delta_fields,
     error_body,
     new_id,
     parse_chat,
@@ -59,11 +61,11 @@ class ServeState:
         self.session, self.worker, self.model_name = session, worker, model_name
         self.log = log or (lambda record: None)
         self.metrics = metrics or Metrics()
-        self.per_request_sampling = hasattr(worker, "decoder")  # batched rows each own a seeded sampler
+        self.per_request_sampling = bool(worker.per_request_sampling)  # batched rows each own a seeded sampler
         s = session.cfg
         self.temperature = float(s.sampling.temperature)
         self.default_max_tokens = int(s.max_tokens)
-        self.max_tokens_limit = int(s.get("max_tokens_limit", 4096))
+        self.max_tokens_limit = int(s.max_tokens_limit)
         self.aliases = model_aliases(model_name, session)
         self.followers: set[asyncio.Task] = set()  # jobs of clients that left, followed until they end
 
@@ -296,11 +298,8 @@ async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | 
                 | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
             )
         async for tag, value in _results(job):
-            if tag == "delta":
-                body = chunk_body(kind, rid, model, getattr(value, "text", value))
-                if hasattr(value, "from_draft"):  # a client may highlight the accepted drafts
-                    body["specpipe"] = {"tokens": value.tokens, "from_draft": value.from_draft}
-                yield _event(body)
+            if tag == "delta":  # an answer.Delta, from either worker
+                yield _event(chunk_body(kind, rid, model, value.text) | {"specpipe": delta_fields(value)})
             elif tag == "error":
                 ended = True
                 state.log(_error_fields(rid, True, job, value))

@@ -224,6 +224,18 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None,
     return body
 
 
+def delta_fields(delta) -> dict:
+    """A streamed chunk's `specpipe` field (docs/serve.md): the tokens its text completes, each
+    {"id", "role", "step"} (role: accepted | bonus | recovered | plain), the rejected drafts of
+    their steps [{"step", "ids"}], and the counts older clients read (`tokens`, `from_draft`)."""
+    return {
+        "tokens": len(delta.tokens),
+        "from_draft": delta.from_draft,
+        "ids": msgspec.to_builtins(delta.tokens),
+        "rejected": msgspec.to_builtins(delta.rejected),
+    }
+
+
 def usage(finished) -> dict:
     return {
         "prompt_tokens": finished.prompt_tokens,

@@ -1,10 +1,11 @@
 """One thread owns the Session and decodes queued requests one at a time (batch 1).
 
 `GenerationWorker(session).submit(job)` queues a `Job`; the worker runs the pipeline for it and
-puts `("delta", text)` pieces, then one `("done", Finished)` (or `("error", message)`) on the job's
-own queue, so an HTTP thread can stream them. Stop strings are cut here: text that could still
-grow into a stop string is held back until it cannot. It feeds `/metrics` as the batching worker
-does (steps, batch size 1, K, tokens, TTFT, inter-token gaps, outcomes). Never touches HTTP.
+puts `("delta", Delta)` pieces, then one `("done", Finished)` (or `("error", message)`) on the
+job's own queue, so an HTTP thread can stream them; the pieces are built from the run's events
+by `answer.AnswerStream`, as the batching worker builds its rows' (one delta type for both). It
+feeds `/metrics` as the batching worker does (steps, batch size 1, K, tokens, TTFT, inter-token
+gaps, outcomes). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -14,15 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from specpipe.serve.answer import AnswerStream, Finished, answer_figures
 
-@dataclass
-class Finished:
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop string) | "length" (max_tokens) | "cancelled"
-    prompt_tokens: int
-    completion_tokens: int
-    stats: dict  # the run's figures: acceptance, tokens per forward, decode tok/s, TTFT ...
-    queue_s: float  # waited before decoding started
+__all__ = ["SHUTTING_DOWN", "Finished", "GenerationWorker", "Job", "QueueFull"]
 
 
 @dataclass
@@ -74,7 +69,9 @@ class QueueFull(Exception):
 
 
 class GenerationWorker:
-    def __init__(self, session, max_waiting: int = 16, metrics=None):
+    per_request_sampling = False  # one session sampler: a request's temperature must be the server's
+
+    def __init__(self, session, max_waiting: int, metrics=None):
         self.session = session
         self.metrics = metrics
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
@@ -129,13 +126,11 @@ class GenerationWorker:
 
     def _run(self, job: Job) -> None:
         from specpipe.core.pipeline import RunControl
-        from specpipe.events import Drafted, Emitted, RunFinished, Verified
+        from specpipe.events import Drafted, Emitted, Verified
 
         started = time.perf_counter()
         control = RunControl()
-        text, sent, stopped_at = "", 0, None
-        hold = max((len(s) for s in job.stop), default=1) - 1  # a stop string may still be forming
-        finished = None
+        answer = AnswerStream(job)
         meter = _Meter(self.metrics, job.submitted)
         if job.seed is not None:  # this thread owns the session: the request's seed for this generation
             self.session.sampler.seed = job.seed
@@ -149,51 +144,19 @@ class GenerationWorker:
                 drop_cancelled(self._jobs, self.metrics)  # a waiting client that left hears it now
             elif isinstance(event, Emitted):
                 meter.emitted(len(event.token_ids))
-            if isinstance(event, Emitted) and stopped_at is None:
-                text += event.text
-                stopped_at = first_stop(text, job.stop)
-                if stopped_at is not None:
-                    control.stop_requested = True  # the rest of this step is discarded
-                    text = text[:stopped_at]
-                safe = len(text) if stopped_at is not None else max(sent, len(text) - hold)
-                if safe > sent:
-                    job.out.put(("delta", text[sent:safe]))
-                    sent = safe
-            elif isinstance(event, RunFinished):
-                finished = event
+            if answer.consume(event):
+                control.stop_requested = True  # a stop string: the rest of this step is discarded
+        finished = answer.finished
         if finished is None:  # pragma: no cover - the pipeline always ends with RunFinished
             job.out.put(("error", "the run ended without a result"))
             return
-        if len(text) > sent:
-            job.out.put(("delta", text[sent:]))
         reason = {"eos": "stop", "max_tokens": "length"}.get(finished.stop_reason, "stop")
         if job.cancelled.is_set() or self._closing.is_set():
             reason = "cancelled"
             mark_end(job, self.metrics)
         s = finished.stats
         meter.finished("cancelled" if reason == "cancelled" else "ok", s.drafted, s.accepted)
-        stats = {
-            "drafted": s.drafted,
-            "accepted": s.accepted,
-            "acceptance_rate": s.acceptance_rate,
-            "tokens_per_forward": s.tokens_per_forward,
-            "target_forwards": s.target_forwards,
-            "decode_tok_s": s.decode_tok_s,
-            "ttft_s": s.ttft_s,
-        }
-        job.out.put(
-            (
-                "done",
-                Finished(
-                    text=text,
-                    finish_reason=reason,
-                    prompt_tokens=len(job.prompt_ids),
-                    completion_tokens=s.generated_tokens,
-                    stats=stats,
-                    queue_s=started - job.submitted,
-                ),
-            )
-        )
+        answer.finish(reason, len(job.prompt_ids), answer_figures(s), started - job.submitted)
 
 
 class _Meter:
@@ -230,9 +193,3 @@ class _Meter:
             self.metrics.observe("specpipe_request_seconds", time.perf_counter() - self.submitted)
             self.metrics.count("specpipe_drafted_tokens_total", drafted)
             self.metrics.count("specpipe_accepted_tokens_total", accepted)
-
-
-def first_stop(text: str, stops: list[str]) -> int | None:
-    """Index where the earliest stop string starts in `text`, or None. ("ab.cd", [".", "c"]) -> 2."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(found) if found else None
