@@ -1,8 +1,8 @@
 """`specpipe-chat serve.url=...`: ServerSource against a real `specpipe-serve` (tiny random model, ngram drafter).
 
-The events' text equals the same server's non-streamed answer, Emitted.from_draft follows the
-stream's `specpipe.from_draft` flags, each answer ends with RunFinished (usage figures in its
-stats), a stop ends the answer early, and an unreachable server is one line and exit 2.
+The events' text equals the same server's non-streamed answer, the steps' events carry the
+stream's token ids and roles (`specpipe.ids`), each answer ends with RunFinished (usage figures in
+its stats), a stop ends the answer early, and an unreachable server is one line and exit 2.
 Traffic goes to 127.0.0.1 only.
 """
 
@@ -36,20 +36,17 @@ def server(tmp_path_factory):
         server.proc.wait(timeout=30)
 
 
-def stream_flags(server: Server, prompt: str) -> list[tuple[str, int, int]]:
-    """(text, tokens, from_draft) of each text chunk of a raw streamed request."""
+def stream_tokens(server: Server, prompt: str) -> list[dict]:
+    """The `specpipe.ids` entries ({"id", "role", "step", "text"}) of a raw streamed request, in order."""
     status, conn, resp = open_stream(server, prompt, 24)
     assert status == 200
-    flags = []
+    tokens = []
     for raw in resp:
         line = raw.decode().strip()
         if line.startswith("data: {"):
-            chunk = json.loads(line[6:])
-            text = chunk["choices"][0]["delta"].get("content")
-            if text:
-                flags.append((text, chunk["specpipe"]["tokens"], chunk["specpipe"]["from_draft"]))
+            tokens += json.loads(line[6:]).get("specpipe", {}).get("ids", [])
     conn.close()
-    return flags
+    return tokens
 
 
 def test_events_follow_the_servers_answer_and_draft_flags(server):
@@ -68,8 +65,12 @@ def test_events_follow_the_servers_answer_and_draft_flags(server):
 
     emitted = [e for e in events if isinstance(e, Emitted)]
     assert "".join(e.text for e in emitted) == finished.text
-    # Greedy decoding is deterministic: a second streamed request carries the same chunks and flags.
-    assert [(e.text, len(e.token_ids), e.from_draft) for e in emitted] == stream_flags(server, PROMPT)
+    # Greedy decoding is deterministic: a second streamed request carries the same tokens, steps and roles.
+    tokens = stream_tokens(server, PROMPT)
+    assert [(i, e.step) for e in emitted for i in e.token_ids] == [(t["id"], t["step"]) for t in tokens]
+    assert [e.from_draft for e in emitted] == [
+        sum(t["role"] == "accepted" for t in tokens if t["step"] == e.step) for e in emitted
+    ]
     assert sum(e.from_draft for e in emitted) == finished.stats.accepted > 0  # the repetition was drafted
 
 

@@ -3,14 +3,16 @@
 Same interface as `LiveSource` (`generate(messages, control) -> Iterator[Event]`, `decode`,
 `special`, `k`, `config_yaml`, `replay = False`). Each answer is one streamed POST to
 `/v1/chat/completions` (stdlib `http.client`, no new dependency); its SSE chunks become
-specpipe events: RunStarted, one Emitted per chunk (`from_draft` is the chunk's
-`specpipe.from_draft`, so the app highlights accepted drafts), RunFinished with the text and
-the final chunk's usage / `specpipe` figures where they fit RunStats. A server error mid-answer
-becomes RunError then RunFinished(stop_reason="error"), keeping what was shown.
+specpipe events: RunStarted, the steps' events, RunFinished with the text and the final chunk's
+usage / `specpipe` figures where they fit RunStats. A server error mid-answer becomes RunError
+then RunFinished(stop_reason="error"), keeping what was shown.
 
-The server sends text, not token ids: Emitted.token_ids holds one `UNKNOWN_ID` per token the
-chunk took (so counts stay right) and `decode` is None. A chunk that mixes accepted drafts
-and target tokens is highlighted as one span (transcript.split_text's approximation).
+Each chunk's `specpipe.ids` / `specpipe.rejected` (docs/serve.md) give the tokens with their
+roles and the rejected drafts, step by step: each step becomes the Drafted / Verified / Emitted
+a local run yields (`ServedSteps`), so the app shows accepted, rejected, recovered and bonus
+spans as for a local chat, rejected drafts included. A server without those fields (an older
+specpipe-serve) sends text and counts only: then one Emitted per chunk, with one `UNKNOWN_ID`
+per token the chunk took (`from_draft` its accepted drafts), as one highlighted span.
 A stop request (`control.stop_requested`) shuts the socket: the server sees the client leave
 and frees the batch slot at its next step. `check_server(url)` is the start-up check
 (`/v1/models`): one actionable line when the server cannot be used.
@@ -30,7 +32,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from specpipe.events import Emitted, Event, ModelInfo, RunError, RunFinished, RunStarted, RunStats
+from specpipe.events import Drafted, Emitted, Event, ModelInfo, RunError, RunFinished, RunStarted, RunStats, Verified
 from tui.transcript import SPECIAL
 
 UNKNOWN_ID = -1  # the server streams text only; one of these per token keeps the token counts
@@ -124,6 +126,7 @@ class ServerSource:
         done = threading.Event()
         texts: list[str] = []
         ids: list[int] = []
+        steps = ServedSteps()
         final: dict = {}
         error = ""
         try:
@@ -139,7 +142,14 @@ class ServerSource:
                         break
                     piece = chunk.get("choices", [{}])[0].get("delta", {}).get("content")
                     figures = chunk.get("specpipe") or {}
-                    if piece:
+                    if isinstance(figures.get("ids"), list):  # token ids with roles: the steps themselves
+                        texts.append(piece or "")
+                        for event in steps.chunk(figures, time.monotonic() - start):
+                            ids += event.token_ids if isinstance(event, Emitted) else []
+                            yield event
+                            if control.stop_requested:
+                                break  # the chunk's later steps stay unshown
+                    elif piece:
                         tokens = int(figures.get("tokens") or 1)
                         texts.append(piece)
                         ids += [UNKNOWN_ID] * tokens
@@ -161,15 +171,77 @@ class ServerSource:
             done.set()
             conn.close()
         t = time.monotonic() - start
+        for event in [] if control.stop_requested else steps.end(t, "".join(texts)):
+            ids += event.token_ids if isinstance(event, Emitted) else []  # a step cut by EOS / max_tokens
+            yield event
         if not (error or final or control.stop_requested):
             error = f"the stream from {self.url} ended before its last chunk"
         if error:
             yield RunError(t=t, message=error)
         reason = "error" if error else "stopped" if control.stop_requested else _reason(final)
-        yield RunFinished(t=t, stop_reason=reason, token_ids=ids, text="".join(texts), stats=_stats(final, t))
+        text = steps.shown if steps.used else "".join(texts)  # what the events showed
+        yield RunFinished(t=t, stop_reason=reason, token_ids=ids, text=text, stats=_stats(final, t))
 
     def close(self) -> None:
         pass  # nothing held between answers: each one is its own connection
+
+
+class ServedSteps:
+    """The step events a local run yields, rebuilt from the chunks' token roles.
+
+    A step's events come once its tokens are in: at the target's own token (bonus, recovered,
+    plain), which ends every step but one cut short (EOS, max_tokens: `end`). Example: ids
+    [{5 accepted step 3}, {8 recovered step 3}] with rejected [{step 3, ids [9]}] -> Drafted(draft_ids
+    [5, 9]), Verified(accepted [5], rejected [9], recovered 8), Emitted([5, 8], from_draft=1).
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[int, list[dict]] = {}  # step -> its tokens so far
+        self._rejected: dict[int, dict] = {}  # step -> its rejection
+        self.shown = ""  # the text the rebuilt Emitted events carry
+        self.used = False  # the server sent token ids (an older one sends text only)
+
+    def chunk(self, figures: dict, t: float) -> Iterator[Event]:
+        self.used = True
+        for r in figures.get("rejected") or []:
+            self._rejected[int(r["step"])] = r
+        for token in figures["ids"]:
+            step = int(token["step"])
+            self._tokens.setdefault(step, []).append(token)
+            if token.get("role") != "accepted":  # the step's own token: the step is whole
+                yield from self._step(step, t)
+
+    def end(self, t: float, received: str) -> Iterator[Event]:
+        """The steps still open, then any text the tokens did not carry (an older server's tail) as one span."""
+        for step in sorted(set(self._tokens) | set(self._rejected)):
+            yield from self._step(step, t)
+        if self.used and received.startswith(self.shown) and len(received) > len(self.shown):
+            extra = received[len(self.shown) :]
+            self.shown = received
+            yield Emitted(t=t, step=-1, token_ids=[UNKNOWN_ID], text=extra, from_draft=0, token_texts=[extra])
+
+    def _step(self, step: int, t: float) -> Iterator[Event]:
+        tokens, rejection = self._tokens.pop(step, []), self._rejected.pop(step, {})
+        accepted = [int(x["id"]) for x in tokens if x.get("role") == "accepted"]
+        own = [x for x in tokens if x.get("role") != "accepted"]
+        rejected = [int(i) for i in rejection.get("ids", [])]
+        last = int(own[-1]["id"]) if own else None
+        recovered = last if own and own[-1].get("role") == "recovered" else None
+        yield Drafted(t=t, step=step, k=len(accepted) + len(rejected), draft_ids=accepted + rejected, seconds=0.0)
+        yield Verified(
+            t=t,
+            step=step,
+            accepted_ids=accepted,
+            rejected_ids=rejected,
+            recovered_id=recovered,
+            bonus_id=last if recovered is None else None,
+            seconds=0.0,
+            rejected_text=str(rejection.get("text") or ""),
+        )
+        pieces = [str(x.get("text") or "") for x in tokens]
+        self.shown += "".join(pieces)
+        ids = [int(x["id"]) for x in tokens]
+        yield Emitted(t=t, step=step, token_ids=ids, text="".join(pieces), from_draft=len(accepted), token_texts=pieces)
 
 
 def _close_on_stop(conn: http.client.HTTPConnection, control, done: threading.Event) -> None:
