@@ -5,7 +5,11 @@ Contract: pure Python, no MLX. Node i has token `tokens[i]`, parent
 `parents[i]` (-1: a child of the root, the newest context token, which the
 verify feeds first) and a score (draft probability of the whole path, or
 the share of n-gram matches through it). Parents come before children, so
-the flattened order is a valid forward order.
+the flattened order is a valid forward order. A tree a model drafter drew
+under sampling also records, per expanded node, the distribution q its
+children were drawn from and their draw order (`drawn`, keyed by the node's
+token path: the key survives `select_*` and every other cut, which re-index
+nodes), for recursive rejection sampling (trees/verify.py).
 
 Worked example: root r, tokens [5, 7, 9, 4], parents [-1, 0, 0, -1]
     r ── 5 ── 7
@@ -22,10 +26,21 @@ import numpy as np
 
 
 @dataclass
+class Drawn:
+    """A node's children as a model drafter drew them under sampling."""
+
+    q: np.ndarray  # [vocab] the drafter's processed distribution at the node (the sampler's probs)
+    order: list[int]  # the drawn tokens, distinct, in draw order (the first is the chain's next token)
+
+
+@dataclass
 class TokenTree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    # token path from the root (() = the root itself) -> how that node's children were drawn; empty for
+    # greedy and point-mass candidates (n-gram, lookahead, a greedy top-k chain)
+    drawn: dict[tuple[int, ...], Drawn] = field(default_factory=dict)
 
     @classmethod
     def chain(cls, token_ids: list[int]) -> TokenTree:
@@ -58,6 +73,10 @@ class TokenTree:
         for p in self.parents:
             out.append(1 if p < 0 else out[p] + 1)
         return out
+
+    def path_tokens(self, node: int) -> tuple[int, ...]:
+        """The tokens from the root's child down to `node` (() for node -1): the key of `drawn`."""
+        return tuple(self.tokens[i] for i in self.path_to(node))
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to `node` (empty for node -1)."""
