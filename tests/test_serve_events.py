@@ -104,6 +104,24 @@ def test_streamed_ids_join_to_the_answer_with_the_runs_roles(ngram, target):
     assert steps == sorted(steps) and len(set(steps)) <= figures["target_forwards"]
 
 
+def test_the_batch_1_worker_streams_the_same_tokens_and_roles(ngram, tmp_path):
+    """max_batch=1 serves through the CLI's pipeline (serve/worker.py): one delta type, the same fields."""
+    solo = Server(tmp_path, "model=tiny-random", "draft=ngram", "budget.k=4", "max_batch=1")
+    try:
+        one, last = stream_completion(solo, PROMPT)
+    finally:
+        solo.proc.kill()
+        solo.proc.wait(timeout=30)
+    batched, _ = stream_completion(ngram, PROMPT)
+    assert "batched" not in last["specpipe"]
+
+    def steps(chunks):
+        tokens = [(t["id"], t["role"], t["step"]) for t in streamed_tokens(chunks)]
+        return tokens, [(r["step"], r["ids"], r["text"]) for c in chunks for r in c["specpipe"]["rejected"]]
+
+    assert steps(one) == steps(batched) and steps(one)[1]
+
+
 def test_plain_decoding_streams_plain_tokens_only(plain, target):
     chunks, last = stream_completion(plain, PROMPT)
     tokens = streamed_tokens(chunks)
