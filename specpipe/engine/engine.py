@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specpipe.engine import introspect
+from specpipe.engine import introspect, layer_taps
 from specpipe.engine.info import ModelInfo
 from specpipe.engine.kv import model_cache
 from specpipe.engine.positions import placed
@@ -35,10 +35,13 @@ class Capture:
         norm), for drafters that read the target's state (MTP heads).
     states: per-position recurrent states, recorded into this capture
         (recurrent.StateCapture, opened by a rollback strategy).
+    layers: decoder-layer taps: the hidden states entering these layers
+        (engine/layer_taps.py; N = the last layer's output), for EAGLE-3 heads.
     """
 
     hidden: bool = False
     states: StateCapture | None = None
+    layers: tuple[int, ...] = ()
 
 
 HIDDEN = Capture(hidden=True)
@@ -51,11 +54,13 @@ class ForwardResult:
     logits: [n, vocab] float32 ([rows, n, vocab] for batched input).
     hidden: [n, hidden] final hidden states when `Capture.hidden`, else None.
     states: the StateCapture it recorded into, else None.
+    layer_hidden: [n, len(layers) * hidden] the tapped layers' inputs side by side when `Capture.layers`, else None.
     """
 
     logits: mx.array
     hidden: mx.array | None = None
     states: StateCapture | None = None
+    layer_hidden: mx.array | None = None
 
 
 class Engine:
@@ -135,16 +140,24 @@ class Engine:
             logits = self.model(ids, cache=cache)
             return ForwardResult(logits=(logits if batched else logits[0]).astype(mx.float32))
         states = capture.states if capture.states else None
-        with stepwise(self._mixer_sites(), states) if states is not None else contextlib.nullcontext():
-            if capture.hidden:
-                inner, head = self.hidden_parts()
+        parts = self.hidden_parts() if capture.hidden else None  # before the taps: its check runs a probe forward
+        with (
+            stepwise(self._mixer_sites(), states) if states is not None else contextlib.nullcontext(),
+            layer_taps.tapping(self.model, capture.layers) if capture.layers else contextlib.nullcontext() as taps,
+        ):
+            if parts is not None:
+                inner, head = parts
                 hidden = inner(ids, cache=cache)
                 logits = head(hidden)
             else:
                 hidden, logits = None, self.model(ids, cache=cache)
+        tapped = taps.joined() if taps is not None else None
         if not batched:
             logits, hidden = logits[0], hidden[0] if hidden is not None else None
-        return ForwardResult(logits=logits.astype(mx.float32), hidden=hidden, states=capture.states)
+            tapped = tapped[0] if tapped is not None else None
+        return ForwardResult(
+            logits=logits.astype(mx.float32), hidden=hidden, states=capture.states, layer_hidden=tapped
+        )
 
     def prefill(self, token_ids: list[int], cache: list, capture: Capture | None = None) -> mx.array | None:
         """Feed a prompt in chunks, evaluating as it goes to bound memory.
@@ -159,25 +172,38 @@ class Engine:
         return joined_rows(hidden)
 
     def prefill_steps(
-        self, token_ids: list[int], cache: list, capture: Capture | None = None, hidden: list | None = None
+        self,
+        token_ids: list[int],
+        cache: list,
+        capture: Capture | None = None,
+        hidden: list | None = None,
+        layer_hidden: list | None = None,
     ) -> Iterator[int]:
         """`prefill`, yielding the count of prompt tokens in the cache after each chunk (progress);
-        with `capture.hidden` each chunk's final hidden states are appended to `hidden`.
+        with `capture.hidden` each chunk's final hidden states are appended to `hidden`, with
+        `capture.layers` its tapped rows ([n, len(layers) * hidden]) to `layer_hidden`.
 
         Each chunk is evaluated before the next is built: activations stay one
         chunk big, whatever the prompt length.
         """
         for start in range(0, len(token_ids), self.prefill_chunk):
             chunk = mx.array(token_ids[start : start + self.prefill_chunk], dtype=mx.uint32)
-            if capture is not None and capture.hidden:
-                inner, _ = self.hidden_parts()
-                rows = inner(chunk[None], cache=cache)[0]  # no LM head: the prefill's logits are unused
-                mx.eval([c.state for c in cache], rows)
-                if hidden is not None:
-                    hidden.append(rows)
-            else:
-                self.model(chunk[None], cache=cache)
-                mx.eval([c.state for c in cache])
+            layers = capture.layers if capture is not None else ()
+            parts = self.hidden_parts() if capture is not None and capture.hidden else None
+            with layer_taps.tapping(self.model, layers) if layers else contextlib.nullcontext() as taps:
+                if parts is not None:
+                    inner, _ = parts
+                    rows = inner(chunk[None], cache=cache)[0]  # no LM head: the prefill's logits are unused
+                    mx.eval([c.state for c in cache], rows)
+                    if hidden is not None:
+                        hidden.append(rows)
+                else:
+                    self.model(chunk[None], cache=cache)
+                    mx.eval([c.state for c in cache])
+            tapped = taps.joined() if taps is not None else None
+            if tapped is not None and layer_hidden is not None:
+                layer_hidden.append(tapped[0])
+                mx.eval(tapped)
             yield min(start + self.prefill_chunk, len(token_ids))
 
     def hidden_parts(self):
