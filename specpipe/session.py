@@ -58,7 +58,7 @@ class Session:
 
         self.warnings = warnings(self.target, self.drafter, self.budget, device().get("mlx_device", ""))
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
-        self.tree_step = tree_step_for(cfg, self.target, self.drafter, self.rollback, self.sampler, self.budget)
+        self.tree = tree_for(cfg, self.target, self.drafter, self.sampler, self.budget)  # None: chains
         self.comparator: Comparator
         self.bonus: Bonus
         self.comparator, self.bonus = comparator_and_bonus(cfg, self.sampler)
@@ -109,14 +109,14 @@ class Session:
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True),
-            tree=self.tree_step.shape.label() if self.tree_step is not None else "",
+            tree=self.tree.shape.label() if self.tree is not None else "",
             draft_head_rows=self.drafter.head_rows,
             draft_vocab_map=self.drafter.vocab_map,
             draft_vocab_shared=self.drafter.vocab_shared,
             warnings=self.warnings,
         )
         pipeline = SpeculativePipeline(
-            self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree_step
+            self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree
         )
         return pipeline.run(prompt_ids, max_tokens, control=control)
 
@@ -159,13 +159,13 @@ def check_supported(cfg: DictConfig) -> None:
         )
 
 
-def tree_step_for(cfg: DictConfig, target, drafter, rollback, sampler, budget=None):
-    """The tree path's step (specpipe/trees/step.py) when tree != chain, else None (the chain path);
-    `budget` sizes each tree (trees/budget.py)."""
+def tree_for(cfg: DictConfig, target, drafter, sampler, budget=None):
+    """The rows' tree parts (specpipe/trees/proposal.py) when tree != chain, else None (chains);
+    `budget` sizes each tree (trees/budget.py). Refuses a target or drafter without trees in one line."""
+    from specpipe.trees.proposal import tree_parts
     from specpipe.trees.shape import TreeShape
-    from specpipe.trees.step import TreeStep
 
     shape = TreeShape.from_config(cfg.get("tree"))
     if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
         return None
-    return TreeStep(target, drafter, shape, rollback, sampler, budget)
+    return tree_parts(target, drafter, shape, sampler, budget)

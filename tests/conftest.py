@@ -155,10 +155,10 @@ def generate(target: Engine, drafter, k: int, prompt_ids: list[int], max_tokens:
     return final.token_ids, final, events, pipe
 
 
-def run_pipeline(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, stop_ids=None, tree_step=None):
+def run_pipeline(target: Engine, drafter, prompt_ids: list[int], max_tokens: int, stop_ids=None, tree=None):
     """Like `generate` with a tree step (tree != chain): (token ids, RunFinished)."""
     pipe = SpeculativePipeline(
-        target, drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=tree_step
+        target, drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree=tree
     )
     final = list(pipe.run(prompt_ids, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))[-1]
     assert isinstance(final, RunFinished)

@@ -10,6 +10,7 @@ from conftest import first_difference, generate, make_drafter, prepared, tiny
 
 from specpipe.budgets.auto import AutoBudget
 from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import StepPlan
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.costmodel.calibration import interpolate
@@ -31,12 +32,12 @@ def test_long_matches_get_long_drafts_and_one_token_matches_none():
     b = free_budget()
     for _ in range(20):  # long matches hold entirely, one-token matches never
         b.next_k()
-        b.observe(b.fit(4, 16), b.k)
+        b.observe(b.fit_k(4, 16), b.k)
         b.next_k()
-        b.observe(b.fit(1, 16), 0)
+        b.observe(b.fit_k(1, 16), 0)
     assert b.next_k() == 16 and b.decision.reason == "cap"  # a free drafter proposes all it can
-    assert b.fit(4, 16) >= 12 and b.decision.evidence == 4
-    assert b.fit(1, 16) == 0 and b.decision.reason == "plain"
+    assert b.fit_k(4, 16) >= 12 and b.decision.evidence == 4
+    assert b.fit_k(1, 16) == 0 and b.decision.reason == "plain"
     assert b.hindsight_k > 0  # the plain step still looks back: the class keeps learning for free
 
 
@@ -44,10 +45,10 @@ def test_a_new_class_starts_from_the_pooled_rates_and_a_free_draft_is_never_one_
     b = free_budget()
     for _ in range(10):
         b.next_k()
-        b.observe(b.fit(2, 16), 3)  # class 2: the first three tokens hold
+        b.observe(b.fit_k(2, 16), 3)  # class 2: the first three tokens hold
     pooled = (b.alpha, b.continuation)
     b.next_k()
-    k = b.fit(3, 16)  # never seen: priced on the pooled rates
+    k = b.fit_k(3, 16)  # never seen: priced on the pooled rates
     assert (b.decision.alpha, b.decision.continuation) == (round(pooled[0], 4), round(pooled[1], 4))
     assert k != 1
 
@@ -55,23 +56,23 @@ def test_a_new_class_starts_from_the_pooled_rates_and_a_free_draft_is_never_one_
 def test_hindsight_counts_for_the_class_of_the_look_back():
     b = free_budget()
     b.next_k()
-    b.fit(1, 16)
+    b.fit_k(1, 16)
     before = b.decision.alpha
     for _ in range(10):
         b.observe_hindsight(2, 2, evidence=1)
     b.next_k()
-    b.fit(1, 16)
+    b.fit_k(1, 16)
     assert b.decision.alpha > before
 
 
 def test_ngram_reports_the_length_of_its_match():
     d = NgramDrafter(min_n=1, max_n=3)
     d.prefill([5, 6, 7, 8, 5, 6, 7])
-    assert d.propose([5, 6, 7, 8, 5, 6, 7], 2).token_ids == [8, 5] and d.last_evidence == 3
+    assert d.propose([5, 6, 7, 8, 5, 6, 7], StepPlan(k=2)).token_ids == [8, 5] and d.last_evidence == 3
     d.prefill([1, 2, 3])
-    assert d.propose([1, 2, 3], 2).token_ids == [] and d.last_evidence is None
+    assert d.propose([1, 2, 3], StepPlan(k=2)).token_ids == [] and d.last_evidence is None
     d.prefill([9, 4, 9])
-    assert d.propose([9, 4, 9], 2).token_ids == [4, 9] and d.last_evidence == 1
+    assert d.propose([9, 4, 9], StepPlan(k=2)).token_ids == [4, 9] and d.last_evidence == 1
 
 
 def test_auto_with_ngram_classes_is_lossless_and_logs_each_class(tmp_path, monkeypatch):
@@ -96,7 +97,7 @@ def test_where_the_pooled_rates_say_plain_no_class_starts_drafting():
     stay plain and look back while the pooled rates say nothing pays."""
     b = free_budget()
     b.next_k()
-    b.observe(b.fit(4, 16), b.k)  # one long match held: the class is known
+    b.observe(b.fit_k(4, 16), b.k)  # one long match held: the class is known
     for _ in range(30):
         b.observe_hindsight(2, 0, evidence=1)  # then nothing the n-gram guesses is right
     assert b.next_k() == 0 and b.decision.reason == "plain" and b.hindsight_k > 0
@@ -114,7 +115,7 @@ def test_a_one_token_draft_is_lengthened_only_where_the_longer_one_still_beats_p
         for _ in range(4):
             b.observe_hindsight(2, 0, evidence=1)
     b.next_k()
-    k = b.fit(1, 16)
+    k = b.fit_k(1, 16)
     rates = (b.decision.alpha, b.decision.continuation)
     assert (
         expected_speedup(*rates[:1], 1, 0.0, b.ratio, rates[1])
@@ -125,4 +126,4 @@ def test_a_one_token_draft_is_lengthened_only_where_the_longer_one_still_beats_p
 
     b.ratio = OPENBLAS_LIKE  # the second token's verify costs next to nothing: the one-token draft grows
     b.next_k()
-    assert b.fit(1, 16) == 2
+    assert b.fit_k(1, 16) == 2

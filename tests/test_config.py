@@ -11,6 +11,7 @@ from hydra import compose, initialize
 
 import specpipe.config  # noqa: F401
 from specpipe.cli.argv import validate_overrides
+from specpipe.core.plan import StepPlan
 from specpipe.errors import SpecpipeError
 from specpipe.plugins import build_plugin
 
@@ -43,7 +44,7 @@ def test_every_drafter_builds_against_a_tiny_model(option):
     assert drafter.name == option
     context = [1, 2, 3, 1, 2]  # "1 2" was followed by "3 1 2" once: an n-gram drafter has a full guess
     drafter.prefill(context)
-    draft = drafter.propose(context, 3).token_ids
+    draft = drafter.propose(context, StepPlan(k=3)).token_ids
     # lookahead's pool fills from tree steps' forwards only (tests/test_lookahead.py): empty before one
     assert len(draft) == (0 if option in ("none", "lookahead") else 3), f"draft={option} proposed {draft}"
     assert all(0 <= t < target.vocab_size for t in draft)

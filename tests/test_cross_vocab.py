@@ -13,6 +13,7 @@ import pytest
 from conftest import generate, make_drafter, tiny
 from mlx.utils import tree_flatten
 
+from specpipe.core.plan import StepPlan
 from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.vocab_map import VocabMap, encode_bytes, token_bytes
 from specpipe.engine.engine import Engine
@@ -211,7 +212,7 @@ def test_q_sums_to_one_on_the_shared_ids(small_renumbered_pair):
         target=target, load=lambda **_: draft, model="other", sampler=sampler, vocab_map="intersection"
     )
     drafter.prefill([1, 2, 3, 1, 2])
-    proposal = drafter.propose([1, 2, 3, 1, 2], 3)
+    proposal = drafter.propose([1, 2, 3, 1, 2], StepPlan(k=3))
     q = np.array(proposal.probs)
     assert q.shape == (len(proposal.token_ids), target.vocab_size)
     assert np.allclose(q.sum(axis=1), 1.0, atol=1e-5) and np.all(q[:, [4, 6]] == 0)  # ids 4, 6: out of reach

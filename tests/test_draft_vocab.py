@@ -28,8 +28,8 @@ from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RunFinished
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 
 PROMPT = "the cat sat on the mat; the cat sat on the hat; the dog"  # 55 ids: + 40 passes gemma3's 64 window
 KEEP = 6  # of the tiny models' 259 ids: most of the prompt's characters are not among the 6 most used
@@ -37,8 +37,8 @@ KEEP = 6  # of the tiny models' 259 ids: most of the prompt's characters are not
 
 def run(target, drafter, budget, prompt, max_tokens=40, tree=None, rollback=None):
     rollback = rollback or TrimRollback()
-    step = TreeStep(target, drafter, tree, rollback) if tree else None
-    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
+    step = tree_parts(target, drafter, tree) if tree else None
+    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree=step)
     events = list(pipe.run(prompt, max_tokens, stop_ids=set()))
     assert isinstance(events[-1], RunFinished)
     return events[-1].token_ids, [e for e in events if isinstance(e, Drafted)]

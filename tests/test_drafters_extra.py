@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 import specpipe.config  # noqa: F401  (registers the schemas)
 from specpipe.budgets.auto import AutoBudget
 from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import StepPlan
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.costmodel.calibration import draft_cost
@@ -153,9 +154,12 @@ def test_mtp_hindsight_equals_the_proposal_it_would_have_made_earlier(setup):
     guess = drafter.hindsight(context, 3)
     fresh = MtpDrafter(target=target, head=head)
     fresh.prefill(prompt)
-    assert guess == fresh.propose(context[:-3], 3).token_ids and len(guess) == 3
+    assert guess == fresh.propose(context[:-3], StepPlan(k=3)).token_ids and len(guess) == 3
     assert drafter.target_recomputes == forwards_before == 0
-    assert drafter.propose(context, 4).token_ids == MtpDrafter(target=target, head=head).propose(context, 4).token_ids
+    assert (
+        drafter.propose(context, StepPlan(k=4)).token_ids
+        == MtpDrafter(target=target, head=head).propose(context, StepPlan(k=4)).token_ids
+    )
 
 
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])

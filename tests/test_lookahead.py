@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 from conftest import first_difference, make_drafter, pair_with_baseline, run_pipeline
 
+from specpipe.core.plan import StepPlan
 from specpipe.drafters.lookahead import LookaheadDrafter
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted
-from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 from specpipe.trees.tree import TokenTree
 
 MAX_TOKENS = 40
@@ -32,8 +32,8 @@ def setup(request):
 def test_lookahead_greedy_equals_target_alone(setup, shape):
     target, _, prompt, baseline = setup
     drafter = make_drafter("lookahead", target)
-    step = TreeStep(target, drafter, SHAPES[shape], TrimRollback())
-    got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree_step=step)
+    step = tree_parts(target, drafter, SHAPES[shape])
+    got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree=step)
     assert got == baseline, first_difference(target, prompt, baseline, got)
     assert final.stats.tree_steps > 0
     assert drafter.pool  # n-grams were gathered from the target's forwards
@@ -43,8 +43,8 @@ def test_lookahead_accepts_tokens_on_repetitive_text(setup):
     """The tiny models repeat themselves: the window converges and the pool's n-grams get accepted."""
     target, _, prompt, baseline = setup
     drafter = make_drafter("lookahead", target)
-    step = TreeStep(target, drafter, SHAPES["dynamic"], TrimRollback())
-    got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree_step=step)
+    step = tree_parts(target, drafter, SHAPES["dynamic"])
+    got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree=step)
     assert got == baseline
     assert final.stats.accepted > 0 and final.stats.tokens_per_forward > 1.0
 
@@ -71,7 +71,7 @@ def test_jacobi_update_and_ngram_harvest_worked_example():
     assert d._fed == [8, 6]  # the Jacobi iterate: yesterday's outputs are today's guesses
     d.observe_tree(len(context), tree, [8, 9, 2], emitted=2)
     assert d.pool[7] == [(8, 9)]
-    assert d.propose([1, 7], 4).token_ids == [8, 9]
+    assert d.propose([1, 7], StepPlan(k=4)).token_ids == [8, 9]
 
 
 def test_lookahead_options_are_checked():

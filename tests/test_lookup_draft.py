@@ -13,6 +13,7 @@ from conftest import first_difference, noisy_copy, prepared, tiny
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import StepPlan
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.drafters.model import ModelDrafter
@@ -20,16 +21,16 @@ from specpipe.drafters.none import NoneDrafter
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RunFinished
 from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 
 
 def run(target, drafter, budget, prompt, max_tokens, tree: TreeShape | None = None):
     rollback = TrimRollback()
-    step = TreeStep(target, drafter, tree, rollback) if tree else None
-    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
+    step = tree_parts(target, drafter, tree) if tree else None
+    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree=step)
     events = list(pipe.run(prompt, max_tokens, stop_ids=set()))
     assert isinstance(events[-1], RunFinished)
     return events[-1].token_ids, [e for e in events if isinstance(e, Drafted)]
@@ -100,14 +101,14 @@ def test_auto_prices_lookup_drafts_free_and_keeps_them_out_of_the_models_rates_c
     for _ in range(10):  # lookups of class 4 hold entirely
         b.next_k()
         b._drafter.last_evidence = 4
-        k = b.fit(4, 16)
+        k = b.fit_k(4, 16)
         assert b.decision.c == 0.0 and b.decision.evidence == 4  # priced without a draft cost
         b.observe(k, k, draft_s=0.0001, verify_s=0.1)
         b._drafter.last_evidence = None
     assert (b.alpha, b.continuation, b.c, b._rate) == model  # _rate: the chain stop's S, so its floor too
     b.next_k()
     b._drafter.last_evidence = 4
-    assert b.fit(4, 16) >= 8  # a free, always-right class drafts long
+    assert b.fit_k(4, 16) >= 8  # a free, always-right class drafts long
 
 
 def test_an_override_step_that_drew_a_lookup_does_not_teach_the_model_cost():
@@ -145,7 +146,9 @@ def test_a_lookup_may_draft_past_the_models_k_when_the_budget_allows():
     drafter = lookup_drafter(target, noisy_copy(target, scale=0.5))
     ids = target.encode_prompt(PROMPT, chat=False)
     drafter.prefill(ids)
-    assert drafter.propose(ids, 0).token_ids == []  # fixed budgets: lookup_k 0, the step's K caps the lookup
-    assert len(drafter.propose(ids, 2).token_ids) == 2
-    drafter.lookup_k = 8  # auto: up to k_max, even at K = 0, and no draft forward
-    assert len(drafter.propose(ids, 0).token_ids) > 2 and drafter.forwards == 0
+    assert (
+        drafter.propose(ids, StepPlan(k=0)).token_ids == []
+    )  # fixed budgets: lookup_k 0, the step's K caps the lookup
+    assert len(drafter.propose(ids, StepPlan(k=2)).token_ids) == 2
+    # auto: up to k_max, even at K = 0, and no draft forward
+    assert len(drafter.propose(ids, StepPlan(k=0, lookup_k=8)).token_ids) > 2 and drafter.forwards == 0

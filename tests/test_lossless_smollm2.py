@@ -37,9 +37,8 @@ def test_smollm2_tree_greedy_equals_target_alone(smollm2, baseline, kind, shape)
     """Token trees (tree=static / dynamic) on the real model: same tokens as decoding alone."""
     from conftest import run_pipeline
 
-    from specpipe.rollbacks.trim import TrimRollback
+    from specpipe.trees.proposal import tree_parts
     from specpipe.trees.shape import TreeShape
-    from specpipe.trees.step import TreeStep
 
     prompt, expected, reason = baseline
     shapes = {
@@ -47,8 +46,8 @@ def test_smollm2_tree_greedy_equals_target_alone(smollm2, baseline, kind, shape)
         "dynamic": TreeShape(kind="dynamic", nodes=16, depth=8, branching=[4] * 8),
     }
     drafter = make_drafter(kind, smollm2)
-    step = TreeStep(smollm2, drafter, shapes[shape], TrimRollback())
-    got, final = run_pipeline(smollm2, drafter, prompt, MAX_TOKENS, stop_ids=smollm2.eos_token_ids, tree_step=step)
+    step = tree_parts(smollm2, drafter, shapes[shape])
+    got, final = run_pipeline(smollm2, drafter, prompt, MAX_TOKENS, stop_ids=smollm2.eos_token_ids, tree=step)
     assert got == expected, first_difference(smollm2, prompt, expected, got)
     assert final.stop_reason == reason
     assert final.stats.tree_steps > 0

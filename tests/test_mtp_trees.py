@@ -13,6 +13,7 @@ from conftest import first_difference, pair_with_baseline, prepared
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import StepPlan
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
@@ -22,8 +23,8 @@ from specpipe.engine.engine import HIDDEN
 from specpipe.engine.introspect import llama_parts
 from specpipe.events import Drafted, RolledBack, Verified
 from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 
 ARCHS = ["llama", "qwen2", "qwen3"]  # the tree families an MTP head works on (llama-like hidden states)
 MAX_TOKENS = 40
@@ -70,9 +71,9 @@ class OracleMtp(MtpDrafter):
 
 def tree_run(target, drafter, shape, prompt, max_tokens, sampler=None, budget=None):
     """(ids, events, pipeline) of a tree run; `budget` sizes the trees (None: the shape alone)."""
-    step = TreeStep(target, drafter, shape, TrimRollback(), sampler, budget)
+    step = tree_parts(target, drafter, shape, sampler, budget)
     pipe = SpeculativePipeline(
-        target, drafter, budget or FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=step
+        target, drafter, budget or FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree=step
     )
     events = list(pipe.run(prompt, max_tokens, stop_ids=set()))
     return events[-1].token_ids, events, pipe
@@ -139,7 +140,7 @@ def test_auto_prices_the_head_and_plain_steps_still_feed_the_tape(setup):
     budget.ratio = {n: float(n) for n in range(1, 34)}  # every node costs a full forward: nothing pays
     got, events, pipe = tree_run(target, drafter, SHAPES["dynamic"], prompt, MAX_TOKENS, budget=budget)
     assert got == baseline, first_difference(target, prompt, baseline, got)
-    assert pipe.tree_step.sizer.free is False
+    assert pipe.tree.sizer.free is False
     drafted = [e for e in events if isinstance(e, Drafted)]
     assert all(d.probe for d in drafted if d.draft_ids) and sum(not d.draft_ids for d in drafted) > len(drafted) // 2
     assert drafter.target_recomputes == 0
@@ -167,8 +168,8 @@ def test_first_branch_is_the_chain_and_siblings_are_its_runners_up(setup, shape)
     assert len(chain) == s.max_depth
     fresh = MtpDrafter(target=target, head=head)  # its tape comes from one whole-context recompute
     fresh.prefill(prompt)
-    assert chain == fresh.propose(context, s.max_depth).token_ids
-    assert chain == drafter.propose(context, s.max_depth).token_ids  # the tree's chained pairs were dropped
+    assert chain == fresh.propose(context, StepPlan(k=s.max_depth)).token_ids
+    assert chain == drafter.propose(context, StepPlan(k=s.max_depth)).token_ids  # the tree's chained pairs were dropped
     assert drafter.target_recomputes == 0
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specpipe.core.plan import StepPlan
 from specpipe.drafters.ngram import NgramDrafter
 from specpipe.drafters.ngram_index import NgramIndex
 
@@ -48,7 +49,7 @@ def test_proposals_equal_the_rescan(ids, steps, k, min_n, extra_n, window):
     end = prompt_len
     for step in steps + [len(ids)]:
         end = min(len(ids), end + step)
-        got = drafter.propose(ids[:end], k).token_ids
+        got = drafter.propose(ids[:end], StepPlan(k=k)).token_ids
         assert got == rescan(ids, end, k, min_n, max_n, window or 10**9), (end, k)
         m = min(k, end - 1)
         if m > 0:
@@ -73,11 +74,11 @@ def test_worked_example():
     index = NgramIndex(2, 2)
     index.append([1, 2, 3, 4, 2, 3])
     assert index.lookup(6, 2) == 3
-    assert NgramDrafter(min_n=1, max_n=2).propose([1, 2, 3, 4, 2, 3], 3).token_ids == [4, 2, 3]
+    assert NgramDrafter(min_n=1, max_n=2).propose([1, 2, 3, 4, 2, 3], StepPlan(k=3)).token_ids == [4, 2, 3]
 
 
 def test_a_shorter_context_rolls_the_index_back():
     drafter = NgramDrafter(min_n=1, max_n=2)
     drafter.prefill([1, 2, 3, 1, 2, 9])
-    assert drafter.propose([1, 2, 3, 1, 2, 9], 2).token_ids == []
-    assert drafter.propose([1, 2, 3, 1, 2], 2).token_ids == [3, 1]
+    assert drafter.propose([1, 2, 3, 1, 2, 9], StepPlan(k=2)).token_ids == []
+    assert drafter.propose([1, 2, 3, 1, 2], StepPlan(k=2)).token_ids == [3, 1]

@@ -25,8 +25,8 @@ from specpipe.engine.kv import WindowKVCache
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, RolledBack, Verified
 from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 
 MAX_TOKENS = 60
 
@@ -74,9 +74,9 @@ def test_greedy_equals_mlx_lm_past_the_window(setup, kind, k, strategy):
 def test_tree_greedy_equals_mlx_lm_past_the_window(setup, kind, shape):
     target, draft, prompt, reference, window = setup
     drafter, rollback = make_drafter(kind, target, draft), TrimRollback()
-    step = TreeStep(target, drafter, shape, rollback)
+    step = tree_parts(target, drafter, shape)
     pipe = SpeculativePipeline(
-        target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step
+        target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree=step
     )
     events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
     got = events[-1].token_ids

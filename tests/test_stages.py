@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specpipe.core.pipeline import cut
+from specpipe.core.plan import StepPlan
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.core.stages.draft import Draft
 from specpipe.drafters.ngram import NgramDrafter
@@ -78,7 +79,7 @@ def test_cut_stops_at_stop_token_and_room(new_ids, n_from_draft, room):
 def test_ngram_worked_example():
     d = NgramDrafter(min_n=1, max_n=2)
     d.prefill([1, 2, 3, 4, 2, 3])
-    assert d.propose([1, 2, 3, 4, 2, 3], 3).token_ids == [4, 2, 3]
+    assert d.propose([1, 2, 3, 4, 2, 3], StepPlan(k=3)).token_ids == [4, 2, 3]
 
 
 def test_ngram_prefers_most_recent_match_and_longest_n():
@@ -86,19 +87,19 @@ def test_ngram_prefers_most_recent_match_and_longest_n():
     ctx = [5, 1, 2, 9, 1, 2, 8, 7, 1, 2]
     d.prefill(ctx)
     # [1, 2] occurs at 1 and 4: the most recent one (4) is followed by 8, 7
-    assert d.propose(ctx, 2).token_ids == [8, 7]
+    assert d.propose(ctx, StepPlan(k=2)).token_ids == [8, 7]
 
 
 def test_ngram_no_match_proposes_nothing():
     d = NgramDrafter()
     d.prefill([1, 2, 3])
-    assert d.propose([1, 2, 3], 4).token_ids == []
+    assert d.propose([1, 2, 3], StepPlan(k=4)).token_ids == []
 
 
 def test_ngram_context_grows_incrementally():
     d = NgramDrafter(min_n=1, max_n=2)
     d.prefill([1, 2])
-    assert d.propose([1, 2, 3, 1, 2], 2).token_ids == [3, 1]
+    assert d.propose([1, 2, 3, 1, 2], StepPlan(k=2)).token_ids == [3, 1]
 
 
 def test_ngram_hindsight_is_the_proposal_it_would_have_made_earlier():
@@ -108,8 +109,8 @@ def test_ngram_hindsight_is_the_proposal_it_would_have_made_earlier():
     earlier = NgramDrafter(min_n=1, max_n=2)
     earlier.prefill(ctx[:-2])
     # before the last [2, 3] the context ended in [9, 1]; [1] was followed by [2, 3] at index 1
-    assert d.hindsight(ctx, 2) == earlier.propose(ctx[:-2], 2).token_ids == [2, 3]
-    assert d.propose(ctx, 2).token_ids == [9, 1]  # the look back changed nothing
+    assert d.hindsight(ctx, 2) == earlier.propose(ctx[:-2], StepPlan(k=2)).token_ids == [2, 3]
+    assert d.propose(ctx, StepPlan(k=2)).token_ids == [9, 1]  # the look back changed nothing
 
 
 def test_ngram_bad_sizes():

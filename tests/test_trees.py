@@ -19,8 +19,8 @@ from specpipe.events import Drafted, Verified
 from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.drafting import ngram_candidates
 from specpipe.trees.forward import keep_path, tree_forward, tree_mask, tree_refusal
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 from specpipe.trees.tree import TokenTree, select_dynamic, select_static
 from specpipe.trees.verify import pick_path, pick_path_sampled
 
@@ -158,9 +158,9 @@ def test_tree_mask_windows_context_and_tree():
 def tree_generate(target, drafter, shape, prompt, max_tokens, stop_ids=None):
     """(ids, RunFinished, events, pipeline) of a tree run."""
     rollback = TrimRollback()
-    step = TreeStep(target, drafter, shape, rollback)
+    step = tree_parts(target, drafter, shape)
     pipe = SpeculativePipeline(
-        target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree_step=step
+        target, drafter, FixedBudget(k=4), GreedyComparator(), rollback, GreedyBonus(), tree=step
     )
     events = list(pipe.run(prompt, max_tokens, stop_ids=set() if stop_ids is None else stop_ids))
     return events[-1].token_ids, events[-1], events, pipe
@@ -219,7 +219,7 @@ def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
 
     target = load_engine("tiny-random", precision="float32", arch=arch)
     with pytest.raises(SpecpipeError) as err:
-        TreeStep(target, make_drafter("ngram", target), SHAPES["static"], TrimRollback())
+        tree_parts(target, make_drafter("ngram", target), SHAPES["static"])
     msg = str(err.value)
     assert "tree=chain" in msg and "\n" not in msg
 
@@ -227,7 +227,7 @@ def test_target_without_tree_support_is_refused_naming_tree_chain(arch):
 def test_drafter_without_trees_is_refused():
     target = tiny("llama")
     with pytest.raises(SpecpipeError, match="tree=chain"):
-        TreeStep(target, make_drafter("none", target), SHAPES["static"], TrimRollback())
+        tree_parts(target, make_drafter("none", target), SHAPES["static"])
 
 
 def test_old_recordings_read_without_tree_fields_and_tree_events_round_trip():
@@ -304,9 +304,10 @@ def test_sampled_tree_run_is_seeded_and_reproducible(setup):
     runs = []
     for _ in range(2):
         sampler = Sampler(temperature=0.8, seed=3)
-        step = TreeStep(target, make_drafter("ngram", target), SHAPES["dynamic"], TrimRollback(), sampler)
+        drafter = make_drafter("ngram", target)
+        step = tree_parts(target, drafter, SHAPES["dynamic"], sampler)
         pipe = SpeculativePipeline(
-            target, step.drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree_step=step
+            target, drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree=step
         )
         runs.append(list(pipe.run(prompt, 24, stop_ids=set()))[-1].token_ids)
         assert pipe.cache[0].offset == len(pipe.context) - 1
@@ -367,8 +368,8 @@ def test_tree_group_builds_a_tree_step_and_refuses_before_loading():
     from specpipe.session import Session
 
     session = Session(_compose(["model=tiny-random", "tree=dynamic", "tree.nodes=8"]))
-    assert session.tree_step is not None and session.tree_step.shape.nodes == 8
-    assert Session(_compose(["model=tiny-random"])).tree_step is None  # tree=chain: the chain path
+    assert session.tree is not None and session.tree.shape.nodes == 8
+    assert Session(_compose(["model=tiny-random"])).tree is None  # tree=chain: the chain path
     with pytest.raises(ConfigError, match="at most 64"):
         Session(_compose(["model.name=no-such-model", "tree=static", "tree.branching=[8,8,2]"]))
     with pytest.raises(SpecpipeError, match="use tree=chain") as err:

@@ -15,8 +15,8 @@ from specpipe.core.stages.compare import GreedyComparator
 from specpipe.events import Drafted
 from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.budget import TreeSizer
+from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
-from specpipe.trees.step import TreeStep
 from specpipe.trees.tree import TokenTree
 
 MAX_TOKENS = 40
@@ -159,8 +159,8 @@ def setup(request):
 
 def _run(target, drafter, budget, prompt):
     rollback = TrimRollback()
-    step = TreeStep(target, drafter, SHAPE, rollback, budget=budget)
-    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree_step=step)
+    step = tree_parts(target, drafter, SHAPE, budget=budget)
+    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree=step)
     events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
     return events[-1], [e for e in events if isinstance(e, Drafted)], step
 
@@ -216,4 +216,4 @@ def test_session_passes_its_budget_to_the_tree_step():
     from specpipe.session import Session
 
     session = Session(_compose(["model=tiny-random", "tree=dynamic", "budget=fixed", "budget.k=5"]))
-    assert session.tree_step.sizer.budget is session.budget and not session.tree_step.sizer.auto
+    assert session.tree.sizer.budget is session.budget and not session.tree.sizer.auto

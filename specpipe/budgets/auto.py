@@ -84,8 +84,10 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from dataclasses import replace
 
 from specpipe.budgets.fixed import K_MAX
+from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import BudgetBase, Drafter
 from specpipe.costmodel.context_curve import ContextCurve
 from specpipe.drafters.chain import BUCKETS, ChainStop, bucket
@@ -371,7 +373,7 @@ class AutoBudget(BudgetBase):
         return k
 
     def next_k(self) -> int:
-        """K for this step. With K = 0, `hindsight_k` > 0 asks the pipeline to look back instead."""
+        """K for this step. With K = 0, `hindsight_k` > 0 asks the step to look back instead (plan carries it)."""
         self.hindsight_k = 0
         self._step_evidence = None
         if self._classes and self.c * self.k_max < FREE and self._best(self.alpha) > 0:
@@ -410,7 +412,24 @@ class AutoBudget(BudgetBase):
             self.k = self._probe_size()
         return self._decide(self.k, "probe" if self.k else "plain")
 
-    def fit(self, evidence: int, k: int) -> int:
+    def plan(self, cache_len: int, room: int) -> StepPlan:
+        """This step's K (`next_k` at this cache length), with what else the decision set: the chain stop, the
+        look back on a plain step, a free lookup's k_max; never past `room`."""
+        self.at_context(cache_len)
+        k = self.next_k()
+        return self._planned(StepPlan(k=k, lookup_k=self.lookup_k)).capped(room)
+
+    def fit(self, plan: StepPlan, evidence: int, drafted: int) -> StepPlan:
+        """The plan for a draft of class `evidence` in hand (`fit_k`), with the decision and look back it set."""
+        return self._planned(replace(plan, k=self.fit_k(evidence, drafted)))
+
+    def _planned(self, plan: StepPlan) -> StepPlan:
+        """`plan` with what the last decision set (`_decide`, `next_k`, `fit_k`)."""
+        decision = self.decision
+        probe = decision is not None and decision.reason == "probe"
+        return replace(plan, chain_stop=self.chain_stop, hindsight_k=self.hindsight_k, probe=probe, decision=decision)
+
+    def fit_k(self, evidence: int, k: int) -> int:
         """K for a draft of class `evidence` in hand (at most k): that class's rates through the cost model.
         When they say plain, a drafter that can look back does so (free evidence, as in next_k); another gets
         a probe when only the class's optimistic rates say drafting pays. A free lookup draft of a model

@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     import mlx.core as mx
 
+    from specpipe.core.plan import StepPlan
     from specpipe.core.stages.compare import Verdict
     from specpipe.core.stages.draft import Draft
     from specpipe.engine.engine import Engine
     from specpipe.engine.recurrent import StateCapture
-    from specpipe.events import BudgetDecision
+    from specpipe.trees.drafting import TreeDraft
+    from specpipe.trees.shape import TreeShape
+    from specpipe.trees.tree import TokenTree
 
 
 # ---------------------------------------------------------------- draft
@@ -65,14 +68,13 @@ class Drafter(Protocol):
     @property
     def prefill_after_first_token(self) -> bool: ...
 
-    # A drafter that chains a model (drafters/chain.py) stops where this rule says (the pipeline sets it
-    # each step from the budget's `chain_stop`; None: never) and lists its drafted tokens' top probabilities
-    # in `last_tops` while one is set; other drafters ignore both.
-    chain_stop: Any
+    # True: it proposes token trees of its own (`propose_tree`); the tree step refuses the others
+    @property
+    def supports_trees(self) -> bool: ...
+
+    # A drafter that chains a model (drafters/chain.py) and was given a stop rule (`plan.chain_stop`) lists
+    # its drafted tokens' top probabilities here, for the budget's hold rates; other drafters leave it empty.
     last_tops: list[float]
-    # a drafter with free lookups (evidence_is_free) may propose up to this many lookup tokens even where the
-    # step's K is smaller or 0 (the pipeline sets it each step from the budget's `lookup_k`); others ignore it
-    lookup_k: int
 
     def use_rollback(self, strategy: Rollback) -> None:
         """Roll its own cache back with `strategy` (SpecpipeError now if it cannot)."""
@@ -80,12 +82,21 @@ class Drafter(Protocol):
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
 
-    def propose(self, context_ids: list[int], k: int) -> Draft:
-        """Propose up to k tokens to follow `context_ids`."""
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
+        """Propose up to `plan.k` tokens to follow `context_ids` (a free lookup up to `plan.lookup_k`; a model
+        chain stops where `plan.chain_stop` says)."""
+
+    def propose_tree(self, context_ids: list[int], shape: TreeShape) -> TreeDraft:
+        """Scored candidates up to `shape.max_depth` deep to follow `context_ids` (tree != chain; asked only
+        when `supports_trees`); its first branch is what `propose` would have drafted."""
+
+    def observe_tree(self, context_len: int, tree: TokenTree, argmax_ids: list[int], emitted: int) -> None:
+        """After a tree step: the verified `tree`, the target's [n + 1] argmax per fed row (root first), the
+        context's length before the step and the tokens it emitted (lookahead advances its window)."""
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         """Up to m greedy tokens it would have proposed after context_ids[:-m] (asked only when
-        `supports_hindsight`). Leaves the drafter ready for the next propose(context_ids, k)."""
+        `supports_hindsight`). Leaves the drafter ready for the next propose(context_ids, plan)."""
 
     def rollback(self, kept_len: int) -> int:
         """Keep the first `kept_len` context tokens in its own cache; returns the positions dropped."""
@@ -112,9 +123,11 @@ class DrafterBase:
     last_evidence: int | None = None
     evidence_is_free: bool = False
     prefill_after_first_token: bool = False
-    lookup_k: int = 0
-    chain_stop: Any = None  # a drafters.chain.ChainStop
+    supports_trees: bool = False  # a drafter with a `propose_tree` of its own says True
     last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
+
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
+        raise NotImplementedError(f"{type(self).__name__} defines no propose")  # every drafter defines its own
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         return []  # never asked while supports_hindsight is False
@@ -130,27 +143,31 @@ class DrafterBase:
     def observe_hidden(self, start: int, token_ids: list[int], hidden: mx.array) -> None:
         pass  # never called while needs_hidden is False
 
+    def propose_tree(self, context_ids: list[int], shape: TreeShape) -> TreeDraft:
+        """The chain `propose` of `shape.max_depth` tokens as a one-branch tree (a chain is a tree with one
+        branch); its drafts, all but the last, are what a model drafter's cache then holds."""
+        from specpipe.core.plan import StepPlan
+        from specpipe.trees.drafting import TreeDraft
+        from specpipe.trees.tree import TokenTree
+
+        draft = self.propose(context_ids, StepPlan(k=shape.max_depth))
+        tree = TokenTree.chain(draft.token_ids)
+        return TreeDraft(tree, cached_tail=draft.token_ids[:-1], catchup_tokens=draft.catchup_tokens)
+
+    def observe_tree(self, context_len: int, tree: TokenTree, argmax_ids: list[int], emitted: int) -> None:
+        pass  # what the target said about the tree teaches it nothing (all but lookahead)
+
 
 # ---------------------------------------------------------------- budget
 
 
 class Budget(Protocol):
-    """How many tokens to draft per step (budgets/)."""
+    """How much to draft per step (budgets/): a StepPlan per step, the outcome back through `observe`."""
 
     @property
     def name(self) -> str: ...
     @property
     def label_params(self) -> tuple[str, ...]: ...  # attributes a report shows to tell two runs apart: fixed(k=8)
-    @property
-    def decision(
-        self,
-    ) -> BudgetDecision | None: ...  # why the last next_k chose its K (auto), carried by the Drafted event
-    @property
-    def chain_stop(self) -> Any: ...  # after next_k: where a model drafter stops inside K (auto), or None
-    @property
-    def hindsight_k(self) -> int: ...  # > 0 after a K = 0 next_k: look back this many emitted tokens instead (auto)
-    @property
-    def lookup_k(self) -> int: ...  # a free lookup's longest draft whatever the step's K (auto: k_max; 0: the K)
     @property
     def first_token_plain(self) -> bool: ...  # True: a run's first step is plain (its token as soon as plain's)
     @property
@@ -161,20 +178,19 @@ class Budget(Protocol):
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         """Once, after the models load: measure what the budget needs from them (auto calibrates)."""
 
-    def at_context(self, cache_len: int) -> None:
-        """Before next_k: the target cache holds `cache_len` positions (auto prices verifies by it)."""
-
-    def next_k(self) -> int:
-        """K for this step (0: plain decoding)."""
+    def plan(self, cache_len: int, room: int) -> StepPlan:
+        """This step's plan: the target cache holds `cache_len` positions (auto prices verifies by it), and at
+        most `room` drafted tokens are still wanted (the plan's k and lookup_k never exceed it)."""
 
     def observe(
         self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
     ) -> None:
         """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds."""
 
-    def fit(self, evidence: int, k: int) -> int:
-        """The draft in hand is of class `evidence` (the drafter's `last_evidence`): how many of its k tokens to
-        verify (auto: K by that class's acceptance, 0 for a plain step). The step's `observe` reports on it."""
+    def fit(self, plan: StepPlan, evidence: int, drafted: int) -> StepPlan:
+        """The draft in hand (`drafted` tokens, at most the plan's) is of class `evidence` (the drafter's
+        `last_evidence`): the plan to verify it by, its k how many of those tokens (auto: by that class's
+        acceptance, 0 for a plain step, with its decision and look back). The step's `observe` reports on it."""
 
     def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         """The drafter guessed `checked` already emitted tokens, the first `matched` right (a guess of class
@@ -182,28 +198,39 @@ class Budget(Protocol):
 
 
 class BudgetBase:
-    """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor."""
+    """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor.
+
+    Its `plan` is K from `next_k` (after `at_context`), cut to the room: a budget that only chooses K
+    defines `next_k` (fixed, adaptive, confidence); one that plans more (auto) defines `plan`."""
 
     name: str
     label_params: tuple[str, ...] = ()
-    decision: BudgetDecision | None = None
-    hindsight_k: int = 0
-    lookup_k: int = 0
-    chain_stop: Any = None
     p_min: float = 0.0
     first_token_plain: bool = False
 
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         pass  # nothing to measure
 
-    def fit(self, evidence: int, k: int) -> int:
-        return k  # the budget's K does not depend on how sure the drafter is
-
-    def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
-        pass  # never asked while hindsight_k is 0
-
     def at_context(self, cache_len: int) -> None:
         pass  # K does not depend on the context length
+
+    def next_k(self) -> int:
+        """K for this step (0: plain decoding)."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither plan nor next_k")
+
+    def plan(self, cache_len: int, room: int) -> StepPlan:
+        from specpipe.core.plan import StepPlan
+
+        self.at_context(cache_len)
+        return StepPlan(k=min(self.next_k(), room))
+
+    def fit(self, plan: StepPlan, evidence: int, drafted: int) -> StepPlan:
+        from dataclasses import replace
+
+        return replace(plan, k=drafted)  # the budget's K does not depend on how sure the drafter is
+
+    def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
+        pass  # never asked while its plans' hindsight_k is 0
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus

@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
+from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
 from specpipe.errors import SpecpipeError
@@ -36,6 +37,7 @@ WINDOW_WEIGHT = 0.5  # the Jacobi branch against one pool n-gram: a guess that h
 class LookaheadDrafter(DrafterBase):
     name = "lookahead"
     needs_tree = True  # the window's outputs come back only from a tree step
+    supports_trees = True
 
     def __init__(self, window: int = 4, ngram: int = 4, pool: int = 4, seed: int = 0):
         if not 1 <= window <= 32:
@@ -60,9 +62,10 @@ class LookaheadDrafter(DrafterBase):
         self._rng = random.Random(self.seed)
         self._fillers = list(prompt_ids) or [0]
 
-    def propose(self, context_ids: list[int], k: int) -> Draft:
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         """The newest pool n-gram after the last token (the chain path never runs: needs_tree)."""
         conts = self.pool.get(context_ids[-1], [])
+        k = plan.k
         return Draft(token_ids=list(conts[-1][:k]) if conts and k > 0 else [])
 
     def propose_tree(self, context_ids: list[int], shape):

@@ -20,7 +20,7 @@ steps). Code edits copy long spans of their input, where the lookup is right
 as often as the model and free; elsewhere the model drafts. Such a draft's
 `last_evidence` is the matched n and `evidence_is_free` says so: budget=auto
 prices those drafts at no draft cost, with rates of their own, and lets the
-lookup draft up to its k_max (`lookup_k`) whatever K it gives the model, even
+lookup draft up to its k_max (the plan's `lookup_k`) whatever K it gives the model, even
 K = 0; a fixed budget's K caps both. With a token tree the lookup proposes the
 trie of earlier matches' continuations (trees/drafting.py); the tree budget
 prices it like the model's tree.
@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
-from specpipe.drafters.chain import chain, to_draft
+from specpipe.drafters.chain import ChainStop, chain, to_draft
 from specpipe.drafters.cross_vocab import CrossVocab
 from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
@@ -57,6 +58,7 @@ class ModelDrafter(DrafterBase):
     engine: Engine  # always a model, never None
     cache: list  # always its own cache
     needs_hidden = False  # drafts from its own forwards, not the target's hidden states
+    supports_trees = True  # its top-k chain (trees/drafting.py); refused through a token map (vocab_map)
 
     def __init__(
         self,
@@ -190,9 +192,11 @@ class ModelDrafter(DrafterBase):
         if self._lookup is not None:
             self._lookup.prefill(prompt_ids)
 
-    def propose(self, context_ids: list[int], k: int) -> Draft:
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
+        k = plan.k
         if self._lookup is not None:
-            draft = self._lookup.propose(context_ids, max(k, self.lookup_k))  # auto: up to k_max, free
+            # auto: up to k_max (plan.lookup_k), free; a fixed budget's K caps it (lookup_k 0)
+            draft = self._lookup.propose(context_ids, StepPlan(k=max(k, plan.lookup_k)))
             self.last_evidence = self._lookup.last_evidence
             if draft.token_ids:
                 self.last_tops = []  # no chain ran: nothing for the chain stop's hold rates
@@ -203,11 +207,13 @@ class ModelDrafter(DrafterBase):
             own = self._cross.own_ids(context_ids, self.cached_len)
             if own is None:
                 return Draft(token_ids=[])
-            return self._cross.to_target(self.propose_own(own, k, self._cross.sampler), context_ids, k)
-        return self.propose_own(context_ids, k, self.sampler)
+            drafted = self.propose_own(own, k, self._cross.sampler, plan.chain_stop)
+            return self._cross.to_target(drafted, context_ids, k)
+        return self.propose_own(context_ids, k, self.sampler, plan.chain_stop)
 
-    def propose_own(self, context_ids: list[int], k: int, sampler) -> Draft:
-        """Draft k tokens after `context_ids` in this model's own ids (from `sampler`'s q; None: greedy)."""
+    def propose_own(self, context_ids: list[int], k: int, sampler, stop: ChainStop | None = None) -> Draft:
+        """Draft k tokens after `context_ids` in this model's own ids (from `sampler`'s q; None: greedy),
+        stopping where `stop` says (budget=auto's rule; None: all k)."""
         self.take_in(context_ids)
         capture = self.rollback_capture()
         start = self.cached_len
@@ -224,7 +230,7 @@ class ModelDrafter(DrafterBase):
             return self.draft_logits(ids, capture)
 
         self.last_tops = []
-        tokens, q_rows = chain(next_logits, k, sampler, self.p_min, self.chain_stop, self.last_tops)
+        tokens, q_rows = chain(next_logits, k, sampler, self.p_min, stop, self.last_tops)
         draft = to_draft(
             tokens, q_rows, catchup_tokens=len(context_ids) - start - 1
         )  # accepted tokens fed beside the newest one

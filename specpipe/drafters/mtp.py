@@ -4,7 +4,7 @@ head made by `specpipe-train-drafter`).
 
 Contract: the pipeline hands it the target's hidden states of every prefill
 and verify forward (`observe_hidden`; it declares `needs_hidden`), which it
-keeps on a HiddenTape. `propose(context, k)` feeds the head one (h[i-1],
+keeps on a HiddenTape. `propose(context, plan)` (k = plan.k) feeds the head one (h[i-1],
 token i) pair per context position it has not seen, reading h from the tape,
 then chains k-1 more steps on the head's own output. The head's KV cache is not a list of target-shaped caches,
 so `cache = None` and the drafter keeps it consistent itself: each propose
@@ -12,7 +12,7 @@ first drops the chained pairs of the last step (their hidden state was the
 head's guess, not the target's) and any pair whose tokens left the context.
 `propose_tree(context, shape)` (tree != chain) chains the same greedy steps
 and keeps each depth's next best tokens as siblings; the tree step hands it
-the hidden states of the root and the accepted path (trees/step.py).
+the hidden states of the root and the accepted path (trees/proposal.py).
 
 Worked example (context [a, b, c, d], k=3): the tape holds h0 h1 h2 (d is
 the newest token, not yet through the target). Pairs (h0,b) (h1,c) (h2,d)
@@ -26,6 +26,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
@@ -45,6 +46,7 @@ class MtpDrafter(DrafterBase):
     # its cache is managed here (see module docstring), not by the rollback stage
     supports_hindsight = True
     needs_hidden = True  # the pipeline passes the target's hidden states to observe_hidden
+    supports_trees = True  # the head's top-k chain (propose_tree)
 
     def __init__(self, target, head: str | None = None, sampler=None, p_min: float = 0.0):
         """
@@ -95,11 +97,10 @@ class MtpDrafter(DrafterBase):
         self.cached_len -= drop
         return drop
 
-    def propose(self, context_ids: list[int], k: int) -> Draft:
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         self.last_tops = []
-        return self._draft(
-            context_ids, k, sampled=self.sampler is not None and not self.sampler.greedy, stop=self.chain_stop
-        )
+        sampled = self.sampler is not None and not self.sampler.greedy
+        return self._draft(context_ids, plan.k, sampled=sampled, stop=plan.chain_stop)
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         """The head's greedy guess for the last m tokens, from the tape alone (no target forward).

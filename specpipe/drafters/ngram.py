@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
 from specpipe.drafters.ngram_index import NgramIndex
@@ -29,6 +30,7 @@ MAX_N = 64  # the longest n-gram indexed: one table per n, and no match is longe
 class NgramDrafter(DrafterBase):
     name = "ngram"
     supports_hindsight = True
+    supports_trees = True
 
     def __init__(self, min_n: int = 1, max_n: int = 4, window: int | None = None):
         if not 1 <= min_n <= max_n:
@@ -42,9 +44,9 @@ class NgramDrafter(DrafterBase):
         self._index = NgramIndex(self.min_n, self.max_n)
         self._index.append(prompt_ids)
 
-    def propose(self, context_ids: list[int], k: int) -> Draft:
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         self._sync(context_ids)
-        ids, self.last_evidence = self._lookup(len(self._index), k)
+        ids, self.last_evidence = self._lookup(len(self._index), plan.k)
         return Draft(token_ids=ids)
 
     def propose_tree(self, context_ids: list[int], shape):

@@ -3,6 +3,7 @@ through the same engine: the baseline of every comparison."""
 
 from __future__ import annotations
 
+from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
 
@@ -13,5 +14,5 @@ class NoneDrafter(DrafterBase):
     def prefill(self, prompt_ids: list[int]) -> None:
         pass
 
-    def propose(self, context_ids: list[int], k: int) -> Draft:
+    def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         return Draft(token_ids=[])

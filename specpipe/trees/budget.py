@@ -146,11 +146,13 @@ class TreeSizer:
 
     # ---------------------------------------------------------------- after drafting
 
-    def size(self, selected: TokenTree, draft_forwards: int, probing: bool = False) -> int:
-        """Nodes to verify out of the shape's `selected` tree (the best-scored ones when cut)."""
+    def size(self, selected: TokenTree, draft_forwards: int, probing: bool = False, cache_len: int = 0) -> int:
+        """Nodes to verify out of the shape's `selected` tree (the best-scored ones when cut); `cache_len`: the
+        target cache's positions, which a budget other than auto plans its K (the node cap) at."""
         if not self.auto:
-            self.decision = self.budget.decision
-            return min(len(selected), int(self.budget.next_k()))
+            plan = self.budget.plan(cache_len, len(selected))
+            self.decision = plan.decision
+            return plan.k
         order = _score_order(selected)
         depths = selected.depths()
         draft_cost = draft_forwards * self._c()  # already spent: it decides what to draft (plan), not what to verify

@@ -1,10 +1,10 @@
 """Draft stage: a drafter proposes up to k next tokens for the context.
 
-Contract: `propose(context_ids, k)` returns a Draft of at most k ids (maybe
-none). A drafter that runs a model keeps its own cache and rolls it back
-itself: the pipeline binds the run's rollback strategy once
-(`use_rollback`) and after each verify calls `rollback(kept_len)` with the
-context length the target accepted. A drafter that `needs_hidden` gets the
+Contract: `propose(context_ids, plan)` returns a Draft of at most `plan.k` ids
+(maybe none; a free lookup up to `plan.lookup_k`: core/plan.py's StepPlan). A
+drafter that runs a model keeps its own cache and rolls it back itself: the
+step binds the run's rollback strategy once (`use_rollback`) and after each
+verify calls `rollback(kept_len)` with the context length the target accepted. A drafter that `needs_hidden` gets the
 target's hidden states of every prefill and verify (`observe_hidden`).
 
 `hindsight(context_ids, m)` (when `supports_hindsight`) is the drafter's guess for tokens

@@ -1,0 +1,65 @@
+"""A step's plan: everything a budget decides for one row before its drafter proposes.
+
+Contract: `Budget.plan(cache_len, room)` returns a StepPlan; the drafter reads its draft length and limits
+from it (`Drafter.propose(context_ids, plan)`), the step reads how to look back and what to log. A plan is
+frozen: a budget that resizes the draft in hand (`Budget.fit`) returns a new one. Nothing here imports mlx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: drafters/chain.py imports mlx
+    from specpipe.drafters.chain import ChainStop
+    from specpipe.events import BudgetDecision
+    from specpipe.trees.shape import TreeShape
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One row's step, as its budget planned it.
+
+    k: chain tokens to draft (0: a plain step).
+    nodes: a tree step's node cap (None: a chain, or the shape's own count / the tree sizer's choice).
+    shape: the tree to draft this step (None: a chain, or a plain tree step); the sizer may cut its depth.
+    lookup_k: a free lookup (a model drafter's prompt lookup) may draft up to this many tokens whatever k,
+        even at k = 0 (budget=auto: k_max; 0: k caps it too).
+    chain_stop: where a model drafter stops inside k (budget=auto's drafters.chain.ChainStop; None: never).
+    hindsight_k: on a plain step, look back this many emitted tokens instead (drafters with `hindsight`).
+    probe: the step drafts to learn (auto's probe), not because the cost model says it pays.
+    decision: why the budget chose this (the step's Drafted event carries it).
+    fit: the budget may resize the draft in hand by the drafter's evidence (False: a K override, a
+        plain first token: the plan is final).
+    """
+
+    k: int = 0
+    nodes: int | None = None
+    shape: TreeShape | None = None
+    lookup_k: int = 0
+    chain_stop: ChainStop | None = None
+    hindsight_k: int = 0
+    probe: bool = False
+    decision: BudgetDecision | None = None
+    fit: bool = True
+
+    @classmethod
+    def first_token(cls) -> StepPlan:
+        """A run's plain first step: its token as soon as plain decoding's (Budget.first_token_plain, or a
+        draft model that prefills after it)."""
+        from specpipe.events import BudgetDecision
+
+        return cls(decision=BudgetDecision(k=0, reason="first token"), fit=False)
+
+    @classmethod
+    def override(cls, k: int, room: int) -> StepPlan:
+        """RunControl's K: drafted as given (never past `room`), no stop rule, no lookup, no look back."""
+        from specpipe.events import BudgetDecision
+
+        return cls(k=min(k, room), decision=BudgetDecision(k=k, reason="override"), fit=False)
+
+    def capped(self, room: int) -> StepPlan:
+        """Never more than the tokens still wanted minus the bonus (`room`)."""
+        if self.k <= room and self.lookup_k <= room:
+            return self
+        return replace(self, k=min(self.k, room), lookup_k=min(self.lookup_k, room))

@@ -1,0 +1,170 @@
+"""One step for a list of rows: plan -> propose -> one target forward -> compare -> commit -> bonus -> emit.
+
+Contract: `step(target, rows, clock)` advances every row by one step and yields `(row, event)` pairs: each
+row's Drafted (after a deferred drafter's DraftPrefilled), then, after the one forward, its Verified,
+RolledBack and Emitted, the same events with the same fields as a chain or a tree step has always made.
+A row is one request (`Row`): its context, target cache and plug-ins. A chain is a tree with one branch:
+a row with tree parts drafts trees (trees/proposal.py), any other a chain (core/proposal.py); both feed
+[last_id, *nodes] to `forward_rows`. Afterwards each row's target cache holds its context except the
+newest token (`last_id`), which the next step feeds first; `row.finished` says "eos" when a stop id cut it.
+
+The shape is vLLM v1's: a proposer per row, one forward over the rows' flattened tokens, a rejection
+sampler (the comparator) per row. `forward_rows` runs one row today; B rows in one forward need
+per-row positions and masks (`Engine.forward(positions=, mask=)`) and batched caches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from specpipe.core.plan import StepPlan
+from specpipe.core.proposal import ChainProposal, propose_chain
+from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
+from specpipe.core.stages.verify import verify
+from specpipe.events import DraftPrefilled, Emitted, Event
+
+if TYPE_CHECKING:
+    from specpipe.engine.engine import ForwardResult
+    from specpipe.trees.proposal import TreeParts, TreeProposal
+
+T = TypeVar("T")
+
+
+@dataclass
+class Row:
+    """One request between steps: what the step reads and advances.
+
+    context: prompt + emitted tokens (and any token a stop id cut: the caches hold it); the target cache
+        holds all but the newest, `last_id`.
+    tree: tree parts (tree != chain), or None: chains.
+    draft_ready: False while the drafter's prefill waits for the first token (a draft model): the first step
+        is plain and the second prefills it (DraftPrefilled).
+    wants_hidden: the drafter reads the target's hidden states (draft=mtp).
+    k_override: RunControl's K for this step (None: the budget plans).
+    detok: the target tokenizer's streaming detokenizer, for the Emitted text.
+    """
+
+    context: list[int]
+    cache: list
+    drafter: Drafter
+    budget: Budget
+    comparator: Comparator
+    rollback: Rollback
+    bonus: Bonus
+    detok: Any
+    max_tokens: int
+    stop_ids: set[int]
+    tree: TreeParts | None = None
+    draft_ready: bool = True
+    wants_hidden: bool = False
+    k_override: int | None = None
+    output: list[int] = field(default_factory=list)
+    step: int = 0
+    finished: str = ""  # "eos" once a stop id ended the row; "" while it runs
+
+    @property
+    def last_id(self) -> int:
+        return self.context[-1]
+
+
+def step(target, rows: list[Row], clock: Callable[[], float]) -> Iterator[tuple[Row, Event]]:
+    """Advance every row by one step.
+
+    Args:
+        target: the target Engine every row decodes with.
+        rows: the running rows (unfinished, with room for a token).
+        clock: seconds since the run started, for the events' `t`.
+    """
+    proposals: list[ChainProposal | TreeProposal] = []
+    for row in rows:  # ---- plan + propose: each row's budget and drafter
+        proposals.append((yield from _tagged(row, _propose(target, row, clock))))
+    results = forward_rows(target, rows, proposals)  # ---- verify: one target forward
+    for row, proposal, result in zip(rows, proposals, results):  # ---- compare, commit, bonus, emit: per row
+        new_ids, n = yield from _tagged(row, proposal.settle(target, row, result, clock))
+        yield from _tagged(row, _emit(row, new_ids, n, clock))
+
+
+def forward_rows(target, rows: list[Row], proposals: list) -> list[ForwardResult]:
+    """One target forward over every row's [last_id, *fed tokens]; a tree row's nodes each see their own path.
+
+    Returns per row its ForwardResult ([n + 1, vocab] logits, root first; hidden states when captured).
+    """
+    if len(rows) != 1:
+        raise NotImplementedError(
+            f"forward_rows: {len(rows)} rows in one forward need Engine.forward(positions=, mask=) over batched "
+            "caches (issue 34); pass one row per step"
+        )
+    (row,), (proposal,) = rows, proposals
+    if proposal.tree is None:
+        return [verify(target, row.cache, row.last_id, proposal.fed_ids, proposal.capture)]
+    from specpipe.trees.forward import tree_forward
+
+    return [tree_forward(target, row.cache, row.last_id, proposal.tree, proposal.capture)]
+
+
+def _propose(target, row: Row, clock) -> Generator[Event, None, ChainProposal | TreeProposal]:
+    """This step's plan and draft for one row."""
+    row.step += 1
+    # the first token as soon as plain decoding's: before a draft model's prefill, or where the budget asks
+    # (auto: a first verify of K + 1 tokens made short prompts' TTFT 10-30% later than plain's)
+    first_plain = row.step == 1 and (not row.draft_ready or (row.budget.first_token_plain and row.k_override is None))
+    if not row.draft_ready and not first_plain:
+        s = time.perf_counter()
+        row.drafter.prefill(row.context)
+        row.draft_ready = True
+        yield DraftPrefilled(t=clock(), tokens=len(row.context), seconds=time.perf_counter() - s)
+    room = row.max_tokens - len(row.output) - 1  # never more than the tokens still wanted, minus the bonus
+    if row.tree is not None and not first_plain:
+        from specpipe.trees.proposal import propose_tree_row
+
+        return (yield from propose_tree_row(row, room, clock))
+    if first_plain:
+        plan = StepPlan.first_token()
+    elif row.k_override is not None:
+        plan = StepPlan.override(row.k_override, room)
+    else:
+        plan = row.budget.plan(len(row.context) - 1, room)  # the cache holds all but the newest token
+    return (yield from propose_chain(row, plan, clock, first_plain))
+
+
+def _emit(row: Row, new_ids: list[int], n: int, clock) -> Generator[Event, None, None]:
+    """The step's tokens reach the output, cut at a stop token or at max_tokens; the context takes them all."""
+    kept, from_draft = cut(new_ids, n, row.stop_ids, row.max_tokens - len(row.output))
+    pieces = []
+    for tid in kept:
+        row.detok.add_token(tid)
+        pieces.append(row.detok.last_segment)
+    yield Emitted(
+        t=clock(), step=row.step, token_ids=kept, text="".join(pieces), from_draft=from_draft, token_texts=pieces
+    )
+    row.output.extend(kept)
+    row.context.extend(new_ids)
+    if len(kept) < len(new_ids) and len(row.output) < row.max_tokens:
+        row.finished = "eos"
+
+
+def _tagged(row: Row, events: Generator[Event, None, T]) -> Generator[tuple[Row, Event], None, T]:
+    """`events` as (row, event) pairs; returns what the generator returned."""
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as done:
+            return done.value
+        yield row, event
+
+
+def cut(new_ids: list[int], n_from_draft: int, stop_ids: set[int], room: int) -> tuple[list[int], int]:
+    """Tokens of this step that reach the output.
+
+    Example: new_ids [4, 9, 2, 7] (3 from the draft), stop {2}, room 10
+    -> ([4, 9], 2): the stop token and everything after it are dropped.
+    """
+    kept = []
+    for tid in new_ids[:room]:
+        if tid in stop_ids:
+            break
+        kept.append(tid)
+    return kept, min(len(kept), n_from_draft)
