@@ -202,6 +202,8 @@ class CalibrateConfig(SpecpipeConfig):
 
     quick: bool = MISSING  # 7 verify lengths instead of 33 (slow devices, big models)
     contexts: bool = MISSING  # also the curves at long contexts (1k-16k cached positions)
+    check: bool = MISSING  # a short measured check beside the prediction (costmodel/check.py)
+    check_tokens: int = ranged(1, 4096, "tokens per check run, e.g. 48")
 
 
 def register() -> None:

@@ -10,10 +10,15 @@ first run that reaches them: seconds to a minute, on a machine that may be busy 
 Same config and overrides as `specpipe` (model, draft, quant, kv, ...)
 plus conf/calibrate.yaml's: `quick=true` measures 7 points instead of 33
 (slow devices, big models); `contexts=false` skips the long-context curves.
+
+Last, a short measured check (costmodel/check.py): `check_tokens` tokens of the configured prompt, plain
+and then the configured drafter under budget=auto, twice each, so the prediction is printed beside what
+this machine measures; `check=false` skips it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -54,7 +59,8 @@ def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     started = time.perf_counter()
-    steps = 4 if cfg.contexts else 3
+    check = bool(cfg.check) and cfg.draft.name != "none"  # draft=none: nothing drafted, nothing to check
+    steps = 3 + bool(cfg.contexts) + check
 
     def step(n: int, text: str) -> None:
         log(f"[calibrate {n}/{steps}, {time.perf_counter() - started:.0f} s] {text}")
@@ -72,6 +78,19 @@ def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:
     if cfg.contexts:
         step(4, "timing the same curve after 1k, 4k, 8k, 16k cached positions (contexts=false skips it)")
     contexts = context_curves(session.target, refresh=True) if cfg.contexts else {}
+    checked = None
+    if check:
+        from specpipe.costmodel.check import measured_check
+
+        # two runs of plain and two drafted, each ~check_tokens plain steps at most: a cost said before it is paid
+        cost = 4 * cfg.check_tokens * curve["t1_s"]
+        said = f"about {cost:.0f} s" if cost >= 1 else "under a second"
+        step(
+            steps,
+            f"measured check: {cfg.check_tokens} tokens of the prompt, plain then draft={session.drafter.name} "
+            f"budget=auto, twice each ({said} plus prefills; check=false skips it)",
+        )
+        checked = measured_check(cfg, session.target, int(cfg.check_tokens))
     log(f"[calibrate] done in {time.perf_counter() - started:.0f} s")
     out = Path(out_dir or hydra_output_dir() or "outputs/calibration")
     out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +108,7 @@ def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:
                 "draft_cost": c,
                 "contexts": {str(n): v for n, v in contexts.items()},
                 "predicted_speedup": {str(a): {str(k): v for k, v in row.items()} for a, row in table.items()},
+                "check": dataclasses.asdict(checked) if checked is not None else None,
             },
             indent=2,
         )
@@ -120,11 +140,27 @@ def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:
     for a, row in table.items():
         best = max(row, key=lambda k: row[k])
         lines.append(f"  {a:10.0%} " + "".join(f"{row[k]:>6.2f}{'*' if k == best else ' '}" for k in KS))
+    if checked is not None:
+        lines += checked.lines(_prompt_label(cfg))
     lines.append(
         f"saved {out / 'calibration.json'} and {out / 'calibration.png'}; budget=auto now uses "
         + ("these curves" if contexts else "this curve")
     )
     return "\n".join(lines)
+
+
+def _prompt_label(cfg) -> str:
+    """`prompt=<name>` as composed (Hydra's choice), else the prompt's first words."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        name = HydraConfig.get().runtime.choices.get("prompt")
+    except ValueError:  # called without Hydra (a test): no choices to read
+        name = None
+    if name:
+        return f"prompt={name}"
+    words = " ".join(str(cfg.prompt.text or "").split()[:4])
+    return f"the prompt '{words}...'"
 
 
 def _plot(ratio: dict, table: dict, path: Path, title: str) -> None:
@@ -140,7 +176,7 @@ def _plot(ratio: dict, table: dict, path: Path, title: str) -> None:
     left.set(xlabel="tokens per forward n", ylabel="T(n) / T(1)", title="verify cost")
     left.legend()
     for a, row in table.items():
-        right.plot(list(row), list(row.values()), marker="o", label=f"alpha={a}")
+        right.plot(list(row), list(row.values()), marker="o", label=f"acceptance {a:.0%}")
     right.axhline(1.0, color="grey", linestyle="--")
     right.set(xlabel="K", ylabel="predicted speed-up", xscale="log", title="when speculation pays")
     right.legend(fontsize=7)
