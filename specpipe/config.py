@@ -316,6 +316,12 @@ class MtpDraftConfig(PluginConfig):
 
 
 @dataclass
+class Eagle3DraftConfig(PluginConfig):
+    path: str | None = MISSING  # the head's folder (or a Hugging Face id in the local cache); required
+    layers: list[int] | None = MISSING  # target layers whose inputs are tapped; None: the head's, else (2, N//2, N-3)
+
+
+@dataclass
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -342,6 +348,7 @@ def register_drafters_extra() -> None:
     cs = ConfigStore.instance()
     cs.store(group="schema/draft", name="layerskip", node=LayerSkipDraftConfig)
     cs.store(group="schema/draft", name="mtp", node=MtpDraftConfig)
+    cs.store(group="schema/draft", name="eagle3", node=Eagle3DraftConfig)
     cs.store(name="train_drafter_schema", node=TrainDrafterConfig)
 
 
@@ -388,7 +395,8 @@ APPS = {
 
 
 def help_groups(primary: str) -> str:
-    """`group: option, ...` lines for the groups `primary`'s defaults list uses (schemas stay hidden).
+    """`group: option, ...` lines for the groups `primary`'s defaults list uses (schemas stay hidden), each
+    followed by a `group (yours, in <folder>): ...` line where the user's config folder holds options of it.
 
     Hydra's own $APP_CONFIG_GROUPS also lists the schema/* groups registered above.
     """
@@ -399,10 +407,16 @@ def help_groups(primary: str) -> str:
     conf = resources.files("specpipe.conf")
     defaults = yaml.safe_load(conf.joinpath(f"{primary}.yaml").read_text()).get("defaults", [])
     groups = [next(iter(d)) for d in defaults if isinstance(d, dict)]
+    from specpipe.user_config import user_config_dir, user_options
+
     lines = []
     for group in sorted(g for g in groups if g != "hydra"):
         options = sorted(p.name[:-5] for p in conf.joinpath(group).iterdir() if p.name.endswith(".yaml"))
         lines.append(f"{group}: {', '.join(options)}")
+        # the user's own (specpipe-tune's presets), from the search path's folder; a packaged name wins over one
+        mine = [f"{m} (hidden by the packaged {m}: rename it)" if m in options else m for m in user_options(group)]
+        if mine:
+            lines.append(f"{group} (yours, in {user_config_dir() / group}): {', '.join(mine)}")
     return "\n".join(lines)
 
 

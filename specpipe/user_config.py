@@ -32,3 +32,14 @@ def search_path() -> str:
 
 def user_preset_path(name: str) -> Path:
     return user_config_dir() / PRESET_GROUP / f"{name}.yaml"
+
+
+def user_options(group: str) -> list[str]:
+    """The user's own options of `group` (`<dir>/<group>/<name>.yaml`, e.g. the presets specpipe-tune wrote),
+    sorted; [] when there are none (or the folder cannot be read)."""
+    try:
+        return sorted(
+            p.name[: -len(".yaml")] for p in (user_config_dir() / group).iterdir() if p.name.endswith(".yaml")
+        )
+    except OSError:
+        return []

@@ -87,6 +87,35 @@ def test_help_lists_the_option_groups_without_schemas(tmp_path):
     assert "budget: adaptive, auto, confidence, fixed" in proc.stdout and "suite:" not in proc.stdout  # bench-only
 
 
+def test_help_lists_the_users_own_presets_beside_the_packaged_ones(tmp_path):
+    """`specpipe --help` (and the bench's, which shares the help template) names the presets specpipe-tune
+    wrote, as the user's, with their folder; one with a packaged preset's name is said to be hidden by it."""
+    folder = tmp_path / "config" / "preset"
+    folder.mkdir(parents=True)
+    for name in ("tuned", "quick"):
+        (folder / f"{name}.yaml").write_text("# @package _global_\nmax_tokens: 7\n")
+    (folder / "half.yaml.tmp").write_text("")  # a preset being written: not an option
+    env = {**os.environ, "SPECPIPE_CONFIG_DIR": str(tmp_path / "config")}
+    mine = f"preset (yours, in {folder}): quick (hidden by the packaged quick: rename it), tuned"
+    for module in ("specpipe.cli", "specpipe.bench.harness"):
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[lines.index("preset: quick, real-pair") + 1] == mine, proc.stdout
+    env["SPECPIPE_CONFIG_DIR"] = str(tmp_path / "none")  # a user who never tuned: no line of theirs
+    proc = subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "(yours" not in proc.stdout
+
+
 def test_not_a_gguf_file(tmp_path):
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"this is not a gguf file at all" * 10)
