@@ -524,3 +524,35 @@ async def test_a_prompt_named_on_the_command_line_is_sent_first():
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.control is None and len(app.messages) == 2)
         assert app.messages[0] == {"role": "user", "content": "hello there"} and answers(app)[0].text
+
+
+async def test_a_setting_predicted_slower_than_plain_is_a_notice_once_and_stays_in_the_panel_and_f2():
+    """RunStarted.warnings (specpipe/advice.py), which the CLI prints as `specpipe: warning: ...`: the local chat
+    shows each as a warning notice when the first answer starts (not again on later turns), keeps a panel row,
+    and heads the F2 config screen with them; a setting without warnings shows none of it."""
+
+    def notices(messages):
+        return [m.notification for m in messages if type(m).__name__ == "Notify"]
+
+    seen: list = []
+    # tiny-random has 2 layers: a 1-layer draft costs ~0.5 of a step per token, K = 8 is ~0.4x at 50% acceptance
+    app = ChatApp(LiveSource(tiny_cfg("draft=layerskip", "draft.depth=1", "max_tokens=4")))
+    async with app.run_test(size=SIZE, message_hook=seen.append) as pilot:
+        for turn, text in enumerate(["first", "second"], start=1):
+            await pilot.click("#prompt")
+            await pilot.press(*text, "enter")
+            await wait_for(pilot, lambda: app.control is None and len(app.messages) == 2 * turn)
+        (notice,) = [n for n in notices(seen) if n.severity == "warning"]
+        assert notice.title == "predicted slower than plain" and notice.message.startswith("draft=layerskip costs")
+        assert notice.message == app.figures.warnings[0] and "pays only if the target accepts over" in notice.message
+        assert dict(app.figures.rows())["warning"] == "slower (see F2)"
+        assert "slower (see F2)" in screen_text(app)
+        await pilot.press("f2")
+        assert app.screen.config_yaml.startswith(f"# warning: {notice.message}\n")
+        assert "layerskip" in app.screen.config_yaml.split("\n", 1)[1]  # the config follows
+
+    seen.clear()
+    plain = ChatApp(LiveSource(tiny_cfg("max_tokens=4")), first_message="hello")
+    async with plain.run_test(size=SIZE, message_hook=seen.append) as pilot:
+        await wait_for(pilot, lambda: plain.control is None and len(plain.messages) == 2)
+        assert not [n for n in notices(seen) if n.severity == "warning"] and "warning" not in dict(plain.figures.rows())

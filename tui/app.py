@@ -102,6 +102,7 @@ class ChatApp(App):
         self.turn_shown = False  # the live turn is on screen before its RunStarted arrives
         self.quit_armed_at = 0.0
         self.generation = None  # the running answer's Worker
+        self.warned: set[str] = set()  # warnings already shown as a notice (every answer's RunStarted repeats them)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -182,6 +183,7 @@ class ChatApp(App):
                     self.add_turn(event.prompt_text or "(recorded prompt)")
                     self.messages.append({"role": "user", "content": event.prompt_text})
                 self.turn_shown = False
+                self.show_warnings(event.warnings)
             self.figures.consume(event)
             if self.answer is not None:
                 self.answer.transcript.decode = self.source.decode  # the tokenizer exists once the model has loaded
@@ -191,6 +193,14 @@ class ChatApp(App):
             if isinstance(event, RunFinished):
                 self.end_turn(event.text)
         self.redraw()
+
+    def show_warnings(self, warnings: list[str]) -> None:
+        """A setting the cost model predicts slower than plain (specpipe/advice.py): a notice, once per chat
+        session, as the CLI prints `specpipe: warning: ...` once per run; the panel's row and F2 keep it."""
+        for warning in warnings:
+            if warning not in self.warned:
+                self.warned.add(warning)
+                self.notify(warning, title="predicted slower than plain", severity="warning", timeout=30, markup=False)
 
     def end_turn(self, text: str) -> None:
         """The answer joins the history; an empty one leaves its question unanswered (sent again next time)."""
@@ -367,7 +377,9 @@ class ChatApp(App):
         self.notify(f"saved {path}\nspecpipe-chat --resume {path} continues it", timeout=10)
 
     def action_show_config(self) -> None:
-        self.push_screen(ConfigScreen(self.figures.config_yaml or self.source.config_yaml))
+        config = self.figures.config_yaml or self.source.config_yaml
+        notes = "".join(f"# warning: {w}\n" for w in self.figures.warnings)  # YAML comments: the view stays YAML
+        self.push_screen(ConfigScreen(notes + config if config else notes))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

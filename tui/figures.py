@@ -30,6 +30,7 @@ class Figures:
         self.running = False
         self._collector = StatsCollector()
         self._step_k: dict[int, int] = {}
+        self.warnings: list[str] = []  # settings the cost model predicts slower than plain (RunStarted.warnings)
         self.served = False  # answers from specpipe-serve (tui/server_source.py)
         self._finished = None  # their RunFinished.stats: the server's drafted / accepted / tokens per forward
 
@@ -42,6 +43,7 @@ class Figures:
             self.budget, self.rollback, self.compare = event.budget, event.rollback, event.compare
             self.config_yaml = event.config_yaml or self.config_yaml
             self.tree = event.tree
+            self.warnings = list(event.warnings)
             self.served = event.target.source == "server"  # no step events: the figures come with RunFinished
             self.k_label = served_k(event.budget) if self.served else ""
             self.stop_reason, self.running, self.peak_memory_bytes = "", True, 0
@@ -83,6 +85,8 @@ class Figures:
             ("target", self.target),
             ("peak mem", f"{self.peak_memory_bytes / 2**20:.0f} MiB" if self.peak_memory_bytes else "-"),
             ("stop", self.stop_reason or ("running" if self.running else "-")),
+            # the lines themselves are a notice when they first arrive, and head the F2 config screen
+            *([("warning", "slower (see F2)")] if self.warnings else []),
         ]
 
 
