@@ -213,3 +213,28 @@ def test_an_older_server_without_token_ids_is_shown_as_text():
     ]
     assert not any(isinstance(e, Verified) for e in events)
     assert events[-1].text == "one two three" and events[-1].stop_reason == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("max_batch=0", "need max_batch >= 1"),
+        ("prefill_per_step=-1", "prefill_per_step >= 0"),
+        ("batch.margin=1.5", "0 <= batch.margin < 1"),
+        ("keep_alive_s=0", "keep_alive_s > 0"),
+    ],
+)
+def test_a_bad_server_value_is_one_line_before_the_model_loads(override, words, capsys):
+    """conf/serve.yaml's values, overridden out of range: one line, exit 2, nothing loaded (the model path is
+    missing: a check that ran after loading would fail on the model instead)."""
+    from hydra import compose, initialize
+
+    import specpipe.serve.config  # noqa: F401  (the serve schema)
+    from specpipe.serve.cli import _task
+
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        cfg = compose(config_name="serve", overrides=["model.path=/nowhere/model.gguf", override])
+    with pytest.raises(SystemExit) as stop:
+        _task(cfg)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and words in lines[0], lines

@@ -30,7 +30,6 @@ from specpipe.cli.shell import EXIT_CONFIG, fail, hydra_main, hydra_output_dir
 
 TOOL = "specpipe-serve"
 API_KEY_ENV = "SPECPIPE_API_KEY"
-GRACEFUL_S = 10  # after SIGTERM, in-flight responses get this long to be written (decoding stops at once)
 
 
 def main() -> None:
@@ -44,7 +43,8 @@ def _task(cfg) -> None:
 
     if not 0 <= cfg.port <= 65535:
         fail(TOOL, f"port={cfg.port}: choose 1..65535 (0: any free port)", EXIT_CONFIG)
-    listen = _listen_policy(cfg)  # before the model loads: a refused address costs no load
+    _check_values(cfg)  # before the model loads, as the address is: a refused value costs no load
+    listen = _listen_policy(cfg)
     session = Session(cfg)
     out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
@@ -56,20 +56,6 @@ def _task(cfg) -> None:
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
 
-    if cfg.max_batch < 1 or cfg.max_queue < 1 or cfg.prefill_per_step < 0:
-        fail(
-            TOOL,
-            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}, prefill_per_step={cfg.prefill_per_step}: "
-            "need max_batch >= 1, max_queue >= 1, prefill_per_step >= 0",
-            EXIT_CONFIG,
-        )
-    if not (0 <= cfg.batch.margin < 1 and cfg.batch.hindsight_len >= 0):
-        fail(
-            TOOL,
-            f"batch.margin={cfg.batch.margin}, batch.hindsight_len={cfg.batch.hindsight_len}: "
-            "need 0 <= batch.margin < 1 (e.g. 0.03) and batch.hindsight_len >= 0",
-            EXIT_CONFIG,
-        )
     metrics = Metrics()
     steps_file = open(out / "steps.jsonl", "a", encoding="utf-8")
 
@@ -91,7 +77,7 @@ def _task(cfg) -> None:
     host, port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
     policy = listen(port)
     state = ServeState(session, worker, session.target.info.name, log, metrics)
-    server = _uvicorn(make_app(state, policy))
+    server = _uvicorn(make_app(state, policy), cfg.shutdown_grace_s, cfg.keep_alive_s)
     stopped = {}
 
     def stop(signum: int) -> None:
@@ -145,6 +131,31 @@ def _task(cfg) -> None:
         os._exit(143 if sig == signal.SIGTERM else 130)
 
 
+def _check_values(cfg) -> None:
+    """The server's own values (conf/serve.yaml) in range, or one line and exit 2."""
+    if cfg.max_batch < 1 or cfg.max_queue < 1 or cfg.prefill_per_step < 0:
+        fail(
+            TOOL,
+            f"max_batch={cfg.max_batch}, max_queue={cfg.max_queue}, prefill_per_step={cfg.prefill_per_step}: "
+            "need max_batch >= 1, max_queue >= 1, prefill_per_step >= 0",
+            EXIT_CONFIG,
+        )
+    if cfg.shutdown_grace_s < 0 or cfg.keep_alive_s <= 0:
+        fail(
+            TOOL,
+            f"shutdown_grace_s={cfg.shutdown_grace_s}, keep_alive_s={cfg.keep_alive_s}: "
+            "need shutdown_grace_s >= 0 and keep_alive_s > 0 (seconds)",
+            EXIT_CONFIG,
+        )
+    if not (0 <= cfg.batch.margin < 1 and cfg.batch.hindsight_len >= 0):
+        fail(
+            TOOL,
+            f"batch.margin={cfg.batch.margin}, batch.hindsight_len={cfg.batch.hindsight_len}: "
+            "need 0 <= batch.margin < 1 (e.g. 0.03) and batch.hindsight_len >= 0",
+            EXIT_CONFIG,
+        )
+
+
 def _listen_policy(cfg):
     """Who may connect (serve/guard.py), as a function of the bound port; refuses, in one line, a
     non-loopback host without allow_remote=true and an API key."""
@@ -188,9 +199,10 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app):
+def _uvicorn(app, grace_s: float, keep_alive_s: float):
     """uvicorn with h11 (strict framing: a bad Content-Length or chunked body is a 400), no access log
-    (requests.jsonl is the log), and its own logging above warnings only."""
+    (requests.jsonl is the log), and its own logging above warnings only; after SIGTERM in-flight
+    responses get `grace_s` to be written, an idle kept-alive connection closes after `keep_alive_s`."""
     import logging
 
     import uvicorn
@@ -204,8 +216,8 @@ def _uvicorn(app):
         lifespan="off",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_S,
-        timeout_keep_alive=5,
+        timeout_graceful_shutdown=grace_s,
+        timeout_keep_alive=keep_alive_s,
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # ours tell the signals apart

@@ -34,6 +34,8 @@ class ServeConfig(PipelineGroups):
     max_batch: int = MISSING  # requests decoded together; 1: one at a time
     max_queue: int = MISSING  # waiting requests beyond this get 429
     prefill_per_step: int = MISSING  # prompt tokens of joining requests prefilled between two decode steps
+    shutdown_grace_s: float = MISSING  # after SIGTERM, in-flight responses get this long to be written
+    keep_alive_s: float = MISSING  # an idle kept-alive connection closes after this long
     batch: BatchServeConfig = field(default_factory=BatchServeConfig)
     stream: bool = MISSING  # unused by the server (kept for the Session's config view)
 
