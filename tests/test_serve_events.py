@@ -238,3 +238,43 @@ def test_a_bad_server_value_is_one_line_before_the_model_loads(override, words, 
         _task(cfg)
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+def test_answer_stream_pairs_text_tokens_roles_and_stop_strings():
+    """serve/answer.py on scripted events (no model): a token whose piece is empty travels with the one that
+    completes its character, a step's rejection comes with its first token, a stop string cuts inside a token."""
+    import queue
+
+    from specpipe.serve.answer import AnswerStream, Delta, Rejection, Token
+    from specpipe.serve.worker import Job
+
+    def run(stop: list[str]) -> list:
+        job = Job(prompt_ids=[0], max_tokens=8, stop=stop, out=queue.Queue())
+        answer = AnswerStream(job)
+        events = [
+            Verified(step=1, accepted_ids=[1, 2], rejected_ids=[3], recovered_id=9, seconds=0.0, rejected_text="c"),
+            Emitted(step=1, token_ids=[1, 2, 9], text="abc", from_draft=2, token_texts=["a", "", "bc"]),
+            Verified(step=2, accepted_ids=[], rejected_ids=[], bonus_id=5, seconds=0.0),
+            Emitted(step=2, token_ids=[5], text="d.e", from_draft=0, token_texts=["d.e"]),
+        ]
+        stopped = [answer.consume(e) for e in events]
+        answer.finish("stop", 1, {}, 0.0)
+        return stopped, [job.out.get_nowait() for _ in range(job.out.qsize())]
+
+    stopped, pieces = run(["."])
+    assert stopped == [False, False, False, True]
+    first = Delta(
+        text="abc",
+        tokens=[Token(1, "accepted", 1, "a"), Token(2, "accepted", 1, ""), Token(9, "recovered", 1, "bc")],
+        rejected=[Rejection(1, [3], "c")],
+    )
+    assert pieces[:2] == [("delta", first), ("delta", Delta(text="d", tokens=[Token(5, "plain", 2, "d")]))]
+    assert pieces[2][0] == "done" and pieces[2][1].text == "abcd" and len(pieces) == 3
+
+    # a longer stop string holds text back: the empty-piece token waits with the text that completes it
+    _, pieces = run(["zzz"])
+    deltas = [value for tag, value in pieces if tag == "delta"]
+    assert deltas[0] == Delta(text="a", tokens=[Token(1, "accepted", 1, "a")], rejected=[Rejection(1, [3], "c")])
+    assert [t.id for d in deltas for t in d.tokens] == [1, 2, 9, 5]
+    assert "".join(d.text for d in deltas) == "".join(t.text for d in deltas for t in d.tokens) == "abcd.e"
+    assert [r for d in deltas for r in d.rejected] == [Rejection(1, [3], "c")]

@@ -141,7 +141,9 @@ class AnswerStream:
             self._tokens.append((Token(tid, role, event.step, piece), start, len(self.text)))
         if tail and not pieces:
             self.text += tail
-        cut = first_stop(self.text, self.job.stop)
+        # text already sent was past any stop string's start: look from there, not over the whole answer
+        found = first_stop(self.text[self.sent :], self.job.stop) if self.job.stop else None
+        cut = None if found is None else self.sent + found
         if cut is not None:
             self.text, self.stopped = self.text[:cut], True
             # the token the stop string starts in keeps the text before it; the ones after are not the answer
