@@ -110,6 +110,8 @@ def config_json(cfg: HeadConfig, layout: str, taps: list[int] | None = None) -> 
         return out
     arch = {"eagle": "LlamaForCausalLM", "angelslim": "Eagle3LlamaForCausalLM", "specforge": "LlamaForCausalLMEagle3"}
     out = {**_llama_config(cfg, arch[layout]), "draft_vocab_size": cfg.draft_vocab_size}
+    if cfg.target_hidden_size != cfg.hidden_size:
+        out["target_hidden_size"] = cfg.target_hidden_size
     if layout == "eagle":
         del out["head_dim"]  # yuhuili's config.json has none (hidden_size / heads)
     if layout == "angelslim":
