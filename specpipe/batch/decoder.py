@@ -295,7 +295,9 @@ class BatchDecoder:
         for b, (row, d) in enumerate(zip(self.rows, drafts)):
             ids[b, 0] = row.context[-1]
             ids[b, 1 : 1 + len(d.token_ids)] = d.token_ids
-        logits = self.target.model(mx.array(ids), cache=self.cache.layers).astype(mx.float32)  # [B, n, vocab]
+        logits = self.target.forward(  # [B, n, vocab]: each row at its own positions, its holes masked
+            ids, self.cache.layers, positions=self.cache.positions(n), mask=self.cache.mask(n)
+        ).logits
         mx.eval(logits, [layer.state for layer in self.cache.layers])
         argmax = mx.argmax(logits, axis=-1).tolist() if any(r.greedy for r in self.rows) else None
         outcomes = [self._compare(b, row, d, logits, argmax) for b, (row, d) in enumerate(zip(self.rows, drafts))]
