@@ -18,9 +18,9 @@ from mlx_lm.models.base import create_attention_mask
 
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.model import ModelDrafter
+from specpipe.engine import introspect
 from specpipe.engine.engine import Engine
 from specpipe.engine.introspect import LLAMA_LIKE as WORKS_ON
-from specpipe.engine.introspect import llama_parts, lm_head_weights
 from specpipe.errors import SpecpipeError
 
 
@@ -33,12 +33,12 @@ class LayerSkipModel(nn.Module):
 
     def __init__(self, target_model: nn.Module, layer_ids: list[int]):
         super().__init__()
-        inner, self._head = llama_parts(target_model, "layerskip")
-        self.embed_tokens, self.norm = inner.embed_tokens, inner.norm
-        self.layers = [inner.layers[i] for i in layer_ids]
+        self.embed_tokens, self.layers, self.norm, self._head = introspect.layer_view(
+            target_model, layer_ids, "layerskip"
+        )
         for i, layer in zip(layer_ids, self.layers):
             # Sliding-window and recurrent layers need caches/masks this view does not build.
-            if getattr(layer, "use_sliding", False) or "self_attn" not in layer:
+            if not introspect.is_full_attention(layer):
                 raise SpecpipeError(
                     f"draft=layerskip: layer {i} of this model is not a full-attention block "
                     f"({type(layer).__name__}); it works on {WORKS_ON}"
@@ -86,8 +86,7 @@ class LayerSkipDrafter(ModelDrafter):
             sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor (see ModelDrafter).
         """
-        inner, _ = llama_parts(target.model, "layerskip")
-        self.layer_ids = pick_layers(len(inner.layers), depth, layers)
+        self.layer_ids = pick_layers(len(introspect.decoder_layers(target.model, "layerskip")), depth, layers)
         model = LayerSkipModel(target.model, self.layer_ids)
         label = (
             f"{self.layer_ids[0]}-{self.layer_ids[-1]}"
@@ -97,7 +96,8 @@ class LayerSkipDrafter(ModelDrafter):
         info = msgspec.structs.replace(target.info, name=f"{target.info.name}[layers {label}]", source="layerskip")
         # Everything else (cache, propose, sampling) is ModelDrafter's, on this view.
         engine = Engine(model, target.tokenizer, info)
+        inner, _ = introspect.llama_parts(target.model, "layerskip")
         self.cost_per_token = weight_bytes(
-            *model.layers, inner.norm, lm_head_weights(target.model, inner)
+            *model.layers, model.norm, introspect.lm_head_weights(target.model, inner)
         ) / weight_bytes(target.model)
         super().__init__(target=target, load=lambda **_: engine, model="layerskip", sampler=sampler, p_min=p_min)

@@ -23,6 +23,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.base import create_attention_mask
 
+from specpipe.engine import introspect
 from specpipe.errors import SpecpipeError
 
 HEAD_FILE, HEAD_JSON, FORMAT = "mtp_head.safetensors", "mtp_head.json", "specpipe-mtp-head/1"
@@ -56,15 +57,14 @@ def new_head(inner: nn.Module) -> tuple[MtpHead, int]:
     Returns:
         (head, index of the copied layer); the block starts with that layer's weights.
     """
-    for i in range(len(inner.layers) - 1, -1, -1):
-        layer = inner.layers[i]
-        if "self_attn" in layer and not getattr(layer, "use_sliding", False):
-            break
-    else:
+    found = introspect.last_full_attention(inner)
+    if found is None:
         raise SpecpipeError("draft=mtp: the target has no full-attention layer to shape an MTP block after")
-    hidden_size = inner.norm.weight.shape[0]
-    head = MtpHead(copy.deepcopy(layer), hidden_size, getattr(inner.norm, "eps", 1e-6))
-    dtype = inner.norm.weight.dtype
+    i, layer = found
+    norm = introspect.final_norm(inner)
+    hidden_size = norm.weight.shape[0]
+    head = MtpHead(copy.deepcopy(layer), hidden_size, getattr(norm, "eps", 1e-6))
+    dtype = norm.weight.dtype
     head.update(tree_map(lambda v: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v, head.parameters()))
     return head, i
 

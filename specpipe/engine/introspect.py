@@ -69,6 +69,37 @@ def llama_parts(model: nn.Module, drafter: str) -> tuple[Any, Any]:
     return inner, head
 
 
+def decoder_layers(model: nn.Module, drafter: str) -> list[nn.Module]:
+    """The inner model's decoder layers, in order (llama_parts' checks and message)."""
+    inner, _ = llama_parts(model, drafter)
+    return list(inner.layers)
+
+
+def layer_view(model: nn.Module, layer_ids: list[int], drafter: str) -> tuple[Any, list[nn.Module], Any, Any]:
+    """(embedding, the decoder layers `layer_ids`, final norm, LM head callable): what a model made of
+    some of `model`'s own layers calls (draft=layerskip); the modules are shared, never copied."""
+    inner, head = llama_parts(model, drafter)
+    return inner.embed_tokens, [inner.layers[i] for i in layer_ids], inner.norm, head
+
+
+def is_full_attention(layer: nn.Module) -> bool:
+    """A decoder layer with full attention of its own (a `self_attn`, not a sliding-window one)."""
+    return "self_attn" in layer and not getattr(layer, "use_sliding", False)
+
+
+def last_full_attention(inner: nn.Module) -> tuple[int, nn.Module] | None:
+    """(index, layer) of the inner model's last full-attention decoder layer (an MTP block's shape), or None."""
+    for i in range(len(inner.layers) - 1, -1, -1):
+        if is_full_attention(inner.layers[i]):
+            return i, inner.layers[i]
+    return None
+
+
+def final_norm(inner: nn.Module) -> nn.Module:
+    """The inner model's final norm (the LM head's input is its output)."""
+    return inner.norm
+
+
 # ---------------------------------------------------------------- recurrent mixers
 
 
