@@ -91,6 +91,7 @@ def test_calibrate_composes_the_run_specpipe_composes():
         run = OmegaConf.to_container(compose("config", overrides))
         calibrate = OmegaConf.to_container(compose("calibrate", overrides))
     assert calibrate.pop("quick") is False and calibrate.pop("contexts") is True
+    assert calibrate.pop("check") is True and calibrate.pop("check_tokens") == 48  # calibrate's measured check
     assert calibrate == run
 
 
@@ -119,7 +120,8 @@ def test_a_terminal_gets_a_bar_with_an_eta_that_counts_measured_and_resumed_prom
     assert "3/4" in drawn and "prompt/s" in drawn and "<" in drawn, drawn  # n/total, rate, elapsed<remaining
 
 
-@pytest.mark.statistical  # ~20 s: six prompts to stop in the middle of; the rerun test above covers resume in the default run
+# ~20 s: six prompts to stop in the middle of; the rerun test above covers resume in the default run
+@pytest.mark.statistical
 def test_a_stopped_tune_keeps_its_measurements_and_the_same_command_resumes(tmp_path):
     import signal
 
