@@ -216,8 +216,9 @@ def _uvicorn(app, grace_s: float, keep_alive_s: float):
         lifespan="off",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=grace_s,
-        timeout_keep_alive=keep_alive_s,
+        # uvicorn annotates these as int but passes them to asyncio's timers, which take seconds as floats
+        timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # ours tell the signals apart
