@@ -50,11 +50,11 @@ def plain(tmp_path_factory):
     server.proc.wait(timeout=30)
 
 
-def stream_completion(server: Server, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[list[dict], dict]:
-    """(text chunks, last chunk) of one streamed /v1/completions request."""
+def stream_completion(server: Server, prompt: str, max_tokens: int = MAX_TOKENS, **extra) -> tuple[list[dict], dict]:
+    """(text chunks, last chunk) of one streamed /v1/completions request (`extra`: more body fields)."""
     host, port = server.base.rsplit("//", 1)[1].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, **extra}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200

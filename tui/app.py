@@ -341,6 +341,8 @@ class ChatApp(App):
         self.next_k = max(0, min(MAX_K, base + delta))
         if self.control is not None:
             self.control.k = self.next_k  # takes effect from the next step of this answer
+            if not self.source.k_live:
+                self.notify(f"K={self.next_k} reaches the server with the next answer")
         self.redraw()
 
     def action_change_k_typed(self, delta: int) -> None:

@@ -99,7 +99,8 @@ class ServerSource:
     replay = False
     decode = None  # no tokenizer here: the server sends text
     special = SPECIAL
-    k = None  # the server's budget; K changes do not travel over the API
+    k = None  # the server's budget until the user sets K: then each request carries it (specpipe.k)
+    k_live = False  # a K changed mid-answer reaches the server with the next request, not this stream
 
     def __init__(self, url: str, model: str, max_tokens: int | None = None):
         self.host, self.port = parse_url(url)
@@ -122,6 +123,8 @@ class ServerSource:
         body: dict = {"messages": messages, "stream": True}
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
+        if control.k is not None:  # the user's K (+ / - keys): this request's fixed K on the server
+            body["specpipe"] = {"k": control.k}
         conn = http.client.HTTPConnection(self.host, self.port, timeout=READ_TIMEOUT_S)
         done = threading.Event()
         texts: list[str] = []

@@ -47,6 +47,7 @@ class LiveSource:
     """
 
     replay = False
+    k_live = True  # a K changed mid-answer applies from this answer's next step
 
     def __init__(self, cfg, record_to: str | Path | None = None):
         from omegaconf import OmegaConf
@@ -124,6 +125,7 @@ class ReplaySource:
     """
 
     replay = True
+    k_live = False  # K is as recorded
     decode = None
     special = SPECIAL
 

@@ -219,7 +219,7 @@ def _job(state: ServeState, request) -> tuple[Job, int | None]:
     overflow = overflow_message(target, len(ids), max_tokens)
     if overflow:  # a 400 now, not a failure after the request waited in the queue
         raise BadRequest(overflow)
-    job = Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop, seed=seed, sampling=sampling)
+    job = Job(prompt_ids=ids, max_tokens=max_tokens, stop=request.stop, seed=seed, sampling=sampling, k=request.k)
     return job, (seed if temperature > 0 else None)
 
 

@@ -42,6 +42,12 @@ class Message(msgspec.Struct):
     tool_call_id: str | None = None  # a tool's answer to one of them
 
 
+class SpecpipeOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """The request's own `specpipe` extension (beside the OpenAI fields): knobs a client may turn per request."""
+
+    k: int | None = None  # draft tokens per step for this request (0: plain decoding), fixed; None: the server's budget
+
+
 class ChatBody(msgspec.Struct):
     messages: list[Message]
     model: str | None = None
@@ -56,6 +62,7 @@ class ChatBody(msgspec.Struct):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict] | None = None  # the functions the chat template may show the model
+    specpipe: SpecpipeOptions | None = None
 
 
 class CompletionBody(msgspec.Struct):
@@ -70,6 +77,7 @@ class CompletionBody(msgspec.Struct):
     n: int = 1
     logprobs: int | None = None
     echo: bool = False
+    specpipe: SpecpipeOptions | None = None
 
 
 class Request(msgspec.Struct, kw_only=True):
@@ -85,6 +93,7 @@ class Request(msgspec.Struct, kw_only=True):
     model: str | None = None
     tools: list[dict] | None = None
     uses_tools: bool = False  # a message is a tool's answer or carries tool calls (the template must know them)
+    k: int | None = None  # specpipe.k: this request's fixed K (None: the server's budget)
 
 
 def parse_chat(body: bytes) -> Request:
@@ -110,6 +119,7 @@ def parse_chat(body: bytes) -> Request:
         model=b.model,
         tools=b.tools or None,
         uses_tools=any("tool_calls" in m or m["role"] == "tool" for m in messages),
+        k=_k(b.specpipe),
     )
 
 
@@ -130,7 +140,19 @@ def parse_completion(body: bytes) -> Request:
         top_p=b.top_p,
         seed=b.seed,
         model=b.model,
+        k=_k(b.specpipe),
     )
+
+
+MAX_REQUEST_K = 64  # the longest draft a request may ask for (the chat's + key stops there too)
+
+
+def _k(options: SpecpipeOptions | None) -> int | None:
+    if options is None or options.k is None:
+        return None
+    if not 0 <= options.k <= MAX_REQUEST_K:
+        raise BadRequest(f"specpipe.k={options.k}: choose 0..{MAX_REQUEST_K} (0: plain decoding), or leave it out")
+    return options.k
 
 
 _NO_LOGPROBS = "logprobs: this server does not return token log-probabilities; drop logprobs / top_logprobs"

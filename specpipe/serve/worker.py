@@ -30,6 +30,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     seed: int | None = None  # this request's sampling seed (None: the server's)
     sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
+    k: int | None = None  # this request's fixed K (the body's specpipe.k); None: the server's budget plans
     end_step: float | None = None  # the server's step count when the worker ended it cancelled (/metrics)
 
 
@@ -129,7 +130,7 @@ class GenerationWorker:
         from specpipe.events import Drafted, Emitted, Verified
 
         started = time.perf_counter()
-        control = RunControl()
+        control = RunControl(k=job.k)
         answer = AnswerStream(job)
         meter = _Meter(self.metrics, job.submitted)
         if job.seed is not None:  # this thread owns the session: the request's seed for this generation
