@@ -17,6 +17,16 @@ sliding-window layer masks by position, holes or not.
 Worked example (2 rows, N = 3 columns per step): row 0 keeps 3 (2 drafts accepted), row 1
 keeps 1 (its draft rejected). Columns written [10, 11, 12]: row 0 sees all three from now on,
 row 1 sees column 10 only; their offsets advance by 3 and 1.
+
+Recurrent layers (qwen3_next's Gated DeltaNet, mamba2, ...) hold no columns: one state per row
+(`RecurrentLayer`, an ArraysCache with the rows' states stacked on the batch axis) that has read
+every fed column, padding included, so it cannot be masked afterwards. Such a batch `wants_states`:
+its forward records each position's state (`state_capture()`, engine/recurrent.py) and `commit(kept,
+n, states=)` gives row b the state after its kept[b]-th column. A batch of recurrent layers only
+(mamba2) has no columns at all (`idx` stays 0); its rows still count their positions (`offsets`).
+Sliding-window layers (gemma3) are attention layers here: a row joins from its window twin
+(engine/kv.py WindowKVCache) and every forward masks them by position, so `compact` keeps all kept
+columns and the window is applied at attention time. `storage_refusal` names what cannot be held.
 """
 
 from __future__ import annotations
@@ -25,8 +35,47 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from specpipe.engine import introspect
+from specpipe.engine.kv import WindowKVCache
+from specpipe.engine.recurrent import StateCapture
 
 GROW = 256  # columns added at a time, as mlx-lm's KVCache does
+
+
+def storage_refusal(target) -> str | None:
+    """One line saying which of the target's cache layers a RaggedBatch cannot hold, or None when it holds all.
+
+    Held: plain attention (mlx-lm's KVCache), sliding-window attention (engine/kv.py WindowKVCache) and
+    recurrent states (ArraysCache) of a family whose mixers record per-position states (introspect.MIXERS).
+    """
+    return _refusal(target.make_cache(), target.info.name, target.info.arch)
+
+
+def _refusal(cache: list, name: str, arch: str) -> str | None:
+    others = sorted({type(c).__name__ for c in cache if _kind(c) is None})
+    if others:
+        return (
+            f"{name} has {'/'.join(others)} layers (chunked, grouped, rotating with sinks or quantized): a batch "
+            "holds plain, sliding-window and recurrent layers only; serve it with max_batch=1, or kv=full"
+        )
+    if any(_kind(c) is RecurrentLayer for c in cache) and arch not in introspect.MIXERS:
+        return (
+            f"{name} ({arch}) has recurrent layers without a per-position state hook (supported: "
+            f"{', '.join(introspect.MIXERS)}): a batch cannot give each row its own kept state; "
+            "serve it with max_batch=1"
+        )
+    return None
+
+
+def _kind(solo) -> type | None:
+    """The batch layer class that holds this solo cache layer, or None: none can."""
+    if type(solo) in (KVCache, WindowKVCache):
+        return LayerCache
+    if isinstance(solo, ArraysCache):
+        return RecurrentLayer
+    return None
 
 
 class RaggedBatch:
@@ -36,7 +85,8 @@ class RaggedBatch:
         self._reset(n_layers)
 
     def _reset(self, n_layers: int) -> None:
-        self.layers = [LayerCache(self) for _ in range(n_layers)]
+        # attention until the first row joins: its solo cache says which layers are recurrent
+        self.layers: list[LayerCache | RecurrentLayer] = [LayerCache(self) for _ in range(n_layers)]
         self.valid = np.zeros((0, 0), dtype=bool)  # [B, capacity]: which columns each row attends to
         self.pos = np.zeros((0, 0), dtype=np.int32)  # [B, capacity]: each column's position in its row
         self.offsets = np.zeros(0, dtype=np.int32)  # [B]: RoPE position of each row's next token
@@ -46,15 +96,58 @@ class RaggedBatch:
     def size(self) -> int:
         return len(self.offsets)
 
+    @property
+    def wants_states(self) -> bool:
+        """Some layer is recurrent: the forward must record per-position states (`state_capture`) for `commit`."""
+        return any(isinstance(layer, RecurrentLayer) for layer in self.layers)
+
+    def state_capture(self) -> StateCapture | None:
+        """A capture recording every recurrent layer's state after each fed column (pass it to the forward as
+        `Capture(states=...)`, then its `ForwardResult.states` to `commit`); None when no layer is recurrent."""
+        if not self.wants_states:
+            return None
+        capture = StateCapture()
+        for layer in self.layers:
+            if isinstance(layer, RecurrentLayer):
+                capture.start(layer)
+        return capture
+
     # ---------------------------------------------------------------- rows join and leave
 
-    def add(self, solo_cache: list) -> None:
-        """Append one row from a batch-1 prefill (a list of mlx-lm KVCache, one per layer).
+    def add(self, solo_cache: list, length: int | None = None) -> None:
+        """Append one row from a batch-1 prefill (the target's own cache list, one entry per layer).
 
         Its P prefilled columns go right-aligned before `idx`; when P > idx every row first gets
         P - idx hole columns on the left, so all rows stay aligned on the same write column.
+        Recurrent layers append the row's states. `length`: the positions prefilled, needed only
+        when no layer is attention (mamba2: no offset to read it from).
+
+        Raises:
+            ValueError: a layer kind the batch cannot hold (`storage_refusal`), or other layers than its rows'.
         """
-        P = solo_cache[0].offset if solo_cache[0].keys is not None else 0
+        if len(solo_cache) != len(self.layers):
+            raise ValueError(f"a row of {len(solo_cache)} cache layers joins a batch of {len(self.layers)}")
+        kinds = [_kind(c) for c in solo_cache]
+        if None in kinds:
+            raise ValueError(_refusal(solo_cache, "the joining row's model", ""))
+        if self.size == 0:
+            self.layers = [
+                LayerCache(self) if k is LayerCache else RecurrentLayer(self, len(c.cache))
+                for k, c in zip(kinds, solo_cache)
+            ]
+        elif kinds != [type(layer) for layer in self.layers]:
+            raise ValueError("a row whose cache layers differ from the batch's joins it (another model?)")
+        attention = [c for c, k in zip(solo_cache, kinds) if k is LayerCache]
+        P = int(attention[0].offset) if attention else int(length or 0)
+        if attention and length is not None and length != P:
+            raise ValueError(f"length={length}, but the row's attention cache holds {P} positions")
+        if not attention:  # no columns to align: only the row's states and its position
+            for layer, solo in zip(self.layers, solo_cache):
+                layer.add_row(solo, 0, 0)
+            self.valid = np.zeros((self.size + 1, 0), dtype=bool)
+            self.pos = np.zeros((self.size + 1, 0), dtype=np.int32)
+            self.offsets = np.append(self.offsets, np.int32(P))
+            return
         if P > self.idx:
             for layer in self.layers:
                 layer.pad_left(P - self.idx, self.idx)
@@ -96,8 +189,23 @@ class RaggedBatch:
         """[B, idx] int: each written column's position in its row (a hole's: whatever it was fed at)."""
         return mx.array(self.pos[:, : self.idx])
 
-    def commit(self, kept: list[int], n: int) -> None:
-        """After a forward over n columns per row: row b keeps its first kept[b] of them."""
+    def commit(self, kept: list[int], n: int, states: StateCapture | None = None) -> None:
+        """After a forward over n columns per row: row b keeps its first kept[b] of them.
+
+        Args:
+            kept: per row, the columns it keeps (1..n: its newest token, then its accepted drafts).
+            n: the columns every row was fed (padding included).
+            states: the forward's recorded states (`state_capture()`, ForwardResult.states); needed when
+                a layer is recurrent and some row keeps fewer than n columns.
+        """
+        if len(kept) != self.size or any(k < 0 or k > n for k in kept):
+            raise ValueError(f"kept {list(kept)}: one count per row ({self.size}), each 0..{n}")
+        for layer in self.layers:
+            if isinstance(layer, RecurrentLayer):
+                layer.keep(kept, n, states)
+        if not any(isinstance(layer, LayerCache) for layer in self.layers):
+            self.offsets = self.offsets + np.asarray(kept, dtype=np.int32)
+            return  # no attention layer: no columns
         if self.valid.shape[1] < self.idx + n:
             more = ((0, 0), (0, self.idx + n - self.valid.shape[1] + GROW))
             self.valid, self.pos = np.pad(self.valid, more), np.pad(self.pos, more)
@@ -222,3 +330,49 @@ class LayerCache:
         if self.keys is not None:
             self.keys = mx.take_along_axis(self.keys, index, axis=2)
             self.values = mx.take_along_axis(self.values, index, axis=2)
+
+
+class RecurrentLayer(ArraysCache):
+    """One recurrent layer's states for the batch: mlx-lm's ArraysCache with each slot [B, ...], row b's
+    state in row b. The model's own mixer reads and rebinds the slots as for any batched ArraysCache;
+    `keep` then puts back, per row, the state after its kept columns (`StateRecord.state_per_row`)."""
+
+    def __init__(self, batch: RaggedBatch, slots: int):
+        super().__init__(slots)
+        self.batch = batch
+
+    def add_row(self, solo, P: int, idx: int) -> None:
+        """Append the solo cache's states as the last row; an empty slot (nothing prefilled) is the zero state."""
+        rows = self.batch.size  # the rows already here (the batch appends this one's offset afterwards)
+        joined = []
+        for mine, theirs in zip(self.cache, solo.cache):
+            like = mine if mine is not None else theirs
+            if like is None:
+                joined.append(None)  # no row has this state yet: the mixer starts it
+                continue
+            a = mine if mine is not None else mx.zeros((rows, *like.shape[1:]), like.dtype)
+            b = theirs if theirs is not None else mx.zeros((1, *like.shape[1:]), like.dtype)
+            joined.append(mx.concatenate([a, b]))
+        self.cache = joined
+
+    def keep(self, kept: list[int], n: int, states: StateCapture | None) -> None:
+        record = states.get(self) if states is not None else None
+        if record is None:
+            if all(k == n for k in kept):
+                return  # every row kept every column: the states after the forward are the ones to keep
+            raise ValueError(
+                "a recurrent layer's rows kept different columns, but the forward recorded no states for it: "
+                "pass Capture(states=batch.state_capture()) to the forward and its states to commit"
+            )
+        if record.positions() != n:
+            raise ValueError(f"the forward recorded {record.positions()} positions of states, not the {n} fed")
+        self.cache = record.state_per_row(kept)
+
+    def take_rows(self, rows: list[int]) -> None:
+        self.filter(mx.array(rows))
+
+    def pad_left(self, m: int, idx: int) -> None:
+        pass  # a state has no columns
+
+    def gather(self, index: mx.array) -> None:
+        pass

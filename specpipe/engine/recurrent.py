@@ -75,6 +75,35 @@ class StateRecord:
             return list(self.before)
         return [self.slots[j][keep - 1] if j in self.slots else old for j, old in enumerate(self.before)]
 
+    def state_per_row(self, keep: list[int]) -> list:
+        """The entry's slots with row b after its own first `keep[b]` fed positions (a batch of rows).
+
+        A batch's forward feeds every row the same number of columns, padded past the shorter drafts;
+        each row keeps its own count, so nothing fed after it (rejected drafts, padding) reaches its state.
+        Worked example (3 fed, 2 rows, keep [3, 1]): row 0 gets s(fed 2)[0], row 1 gets s(fed 0)[1].
+
+        Raises:
+            ValueError: `keep` has not one count per row, or a count past the positions recorded.
+        """
+        recorded = self.positions()
+        if recorded is None:
+            raise ValueError("no per-position states to pick from (the record overflowed or its slots disagree)")
+        if any(k < 0 or k > recorded for k in keep):
+            raise ValueError(f"keep {keep}: each row keeps 0..{recorded} of the positions recorded")
+        if len(set(keep)) == 1:
+            return self.state_at(keep[0])  # every row kept as much: the slots as they are, no copy
+        picked = []
+        for j, old in enumerate(self.before):
+            if j not in self.slots:
+                picked.append(old)
+                continue
+            seq = self.slots[j]
+            if seq[0].shape[0] != len(keep):
+                raise ValueError(f"keep has {len(keep)} rows, the recorded states {seq[0].shape[0]}")
+            start = old if old is not None else mx.zeros_like(seq[0])  # an empty slot: the zero state
+            picked.append(mx.concatenate([(seq[k - 1] if k else start)[b : b + 1] for b, k in enumerate(keep)]))
+        return picked
+
     def arrays(self) -> list:
         """Every state this record keeps alive (for memory accounting)."""
         return list(self.before) + [a for v in self.slots.values() for a in v]

@@ -1,0 +1,130 @@
+"""batch/cache.py RaggedBatch holding recurrent (qwen3_next, mamba2) and sliding-window (gemma3) layers, driven
+through Engine.forward directly: rows of different prompt lengths take steps of hand-made drafts, each keeps
+its own count of columns (the rest: rejected drafts and end padding), rows join and leave between steps, and
+every row's logits equal that row's whole context fed alone through a fresh cache of the plain model."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import tiny
+
+from specpipe.batch.cache import RaggedBatch, storage_refusal
+from specpipe.engine.engine import Capture
+from specpipe.engine.kv import WindowKVCache
+
+ATOL = 1e-4  # as tests/test_positions.py: float32 tiny models, batched vs alone
+
+# gemma3_text: window 64 on its sliding layers, so contexts of ~100 positions pass it; the others: hybrids
+ARCHS = ["qwen3_next", "mamba2", "gemma3_text"]
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    return [3 + (i * 7 + seed * 13) % 200 for i in range(n)]
+
+
+class Rows:
+    """A RaggedBatch and, per row, the context its cache holds (what the row alone would have fed)."""
+
+    def __init__(self, engine):
+        self.e = engine
+        self.batch = RaggedBatch(len(engine.make_cache()))
+        self.contexts: list[list[int]] = []
+
+    def join(self, prompt: list[int]) -> None:
+        solo = self.e.make_cache()
+        for c in solo:
+            if isinstance(c, WindowKVCache):
+                c.margin = 4  # drops its oldest positions early: a row joins holding fewer columns than it fed
+        if prompt:
+            self.e.prefill(prompt[: len(prompt) // 2], solo)
+            self.e.prefill(prompt[len(prompt) // 2 :], solo)
+        self.batch.add(solo, length=len(prompt))
+        self.contexts.append(list(prompt))
+
+    def leave(self, keep: list[int]) -> None:
+        self.batch.keep_rows(keep)
+        self.contexts = [self.contexts[b] for b in keep]
+
+    def step(self, fed: list[list[int]], kept: list[int]) -> None:
+        """One forward over every row's fed columns (padded to the longest), checked against each row alone,
+        then row b keeps its first kept[b] columns."""
+        n = max(len(f) for f in fed)
+        ids = np.zeros((len(fed), n), dtype=np.uint32)  # the padding: column ids no row keeps
+        for b, f in enumerate(fed):
+            ids[b, : len(f)] = f
+        capture = Capture(states=self.batch.state_capture()) if self.batch.wants_states else None
+        out = self.e.forward(
+            ids, self.batch.layers, capture=capture, positions=self.batch.positions(n), mask=self.batch.mask(n)
+        )
+        for b, f in enumerate(fed):
+            alone = self.e.forward(self.contexts[b] + f, self.e.make_cache()).logits[-len(f) :]
+            assert mx.allclose(out.logits[b, : len(f)], alone, atol=ATOL).item(), (self.e.info.arch, b, f)
+        self.batch.commit(kept, n, states=out.states)
+        for b, k in enumerate(kept):
+            self.contexts[b] += fed[b][:k]
+        assert list(self.batch.offsets) == [len(c) for c in self.contexts]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_that_keep_different_columns_join_and_leave_equal_each_row_alone(arch):
+    e = tiny(arch)
+    assert storage_refusal(e) is None
+    rows = Rows(e)
+    rows.join(tokens(0, 90))
+    rows.join(tokens(1, 30))
+    assert rows.batch.wants_states == (arch != "gemma3_text")
+    # row 0 keeps 2 of 4 (drafts rejected); row 1 keeps both of its 2 real columns, 2 short of the padded 4
+    rows.step([[5, 9, 11, 3], [6, 4]], [2, 2])
+    rows.join(tokens(2, 7))  # shorter than every row: left holes for it
+    rows.step([[7, 2, 8], [3, 3, 3], [9]], [3, 1, 1])
+    rows.join(tokens(3, 120))  # longer than every row: left holes for the others
+    rows.step([[4, 4], [2, 6, 1, 7, 5], [8, 1, 1], [6]], [1, 5, 2, 1])
+    rows.leave([3, 0, 2])  # row 1 leaves (a client gone), the rest reorder
+    rows.step([[1, 2, 3], [5], [7, 7]], [3, 1, 2])
+    rows.batch.compact()  # holes squeezed out: each row's kept columns only
+    rows.step([[9, 8, 7, 6], [2, 2], [3]], [2, 2, 1])
+    rows.step([[1], [4], [5]], [1, 1, 1])
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2"])
+def test_a_row_with_nothing_prefilled_joins_rows_with_states(arch):
+    """A one-token prompt prefills nothing: its recurrent slots are empty (None) beside the others' states."""
+    rows = Rows(tiny(arch))
+    rows.join(tokens(0, 12))
+    rows.join([])
+    rows.step([[5, 9], [6, 4, 2]], [1, 3])
+    rows.leave([1])
+    rows.join([])
+    rows.step([[3, 1], [2]], [2, 1])
+
+
+def test_every_row_keeping_every_column_needs_no_recorded_states():
+    e = tiny("qwen3_next")
+    batch = RaggedBatch(len(e.make_cache()))
+    for p in (tokens(0, 9), tokens(1, 4)):
+        solo = e.make_cache()
+        e.prefill(p, solo)
+        batch.add(solo)
+    ids = np.array([[5, 9], [6, 4]], dtype=np.uint32)
+    e.forward(ids, batch.layers, positions=batch.positions(2), mask=batch.mask(2))
+    batch.commit([2, 2], 2)  # the states after the forward are every row's
+    e.forward(ids, batch.layers, positions=batch.positions(2), mask=batch.mask(2))
+    with pytest.raises(ValueError, match="recorded no states"):
+        batch.commit([2, 1], 2)
+
+
+@pytest.mark.parametrize("arch", ["llama4", "falcon_h1"])
+def test_a_cache_kind_the_batch_cannot_hold_is_refused_in_one_line(arch):
+    e = tiny(arch)
+    line = storage_refusal(e)
+    assert line and "\n" not in line and "max_batch=1" in line
+    batch = RaggedBatch(len(e.make_cache()))
+    with pytest.raises(ValueError, match="a batch holds plain, sliding-window and recurrent layers only"):
+        batch.add(e.make_cache())
+
+
+def test_plain_attention_targets_are_held():
+    for arch in ("llama", "qwen3"):
+        assert storage_refusal(tiny(arch)) is None
