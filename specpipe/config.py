@@ -258,6 +258,7 @@ class BenchConfig(PipelineGroups):
     anchor_ks: list[int] | None = MISSING
     resume: bool = MISSING  # skip (config hash, prompt id) pairs already in the results file
     results: str | None = MISSING  # results JSONL; None: <sweep or run dir>/bench.jsonl
+    second_turns: bool = MISSING  # spec-bench: MT-Bench's second turns too, with the first answer in the context
     repeats: int = MISSING  # each prompt's baseline / speculative pair this many times; the median run of each is kept
     # specpipe's own fixed K values to measure beside the configured budget (same drafter, same baseline runs);
     # the verdict line compares the budget (e.g. auto) with the best of them and with mlx-lm's best K.

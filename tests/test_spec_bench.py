@@ -46,6 +46,15 @@ def test_first_turns_under_spec_benchs_six_tasks(questions):
     ]  # fmt: skip
 
 
+def test_mt_bench_second_turns_follow_their_first(questions):
+    prompts = load_suite("x", str(questions), None, "spec-bench", 1, second_turns=True)
+    ids = [p["id"] for p in prompts]
+    assert ids[:2] == [ids[0], ids[0] + "-turn2"] and sum(i.endswith("-turn2") for i in ids) == 1
+    second = prompts[1]
+    assert second["prompt"] == "second turn" and second["after"] == {"id": ids[0], "prompt": prompts[0]["prompt"]}
+    assert [p["id"] for p in load_suite("x", str(questions), None, "spec-bench", 1)] == [ids[0], *ids[2:]]
+
+
 def test_per_category_draws_evenly_spaced_questions_the_same_every_time(questions):
     drawn = load_suite("", str(questions), fmt="spec-bench", per_category=3)
     assert len(drawn) == 18 and drawn == load_suite("", str(questions), fmt="spec-bench", per_category=3)
@@ -99,12 +108,18 @@ def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch)
     records = run_bench(cfg, results, log=lambda _line: None)
     assert [r["category"] for r in records] == [
         "mt_bench",
+        "mt_bench",  # its second turn, after the first answer
         "translation",
         "summarization",
         "qa",
         "math_reasoning",
         "rag",
     ]
+    first, second = records[0], records[1]
+    assert (first["turn"], second["turn"]) == (1, 2) and second["prompt_id"] == first["prompt_id"] + "-turn2"
+    # the second turn's context holds the first turn and plain decoding's answer to it
+    assert second["prompt_tokens"] > first["prompt_tokens"] + len(first["baseline"]["token_ids"])
+    assert second["tokens_match"]
     text = write_report(results).read_text()
     section = text[text.index("## Per category (Spec-Bench)") :]
     for cat in ("mt_bench", "rag", "all"):

@@ -106,7 +106,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         raise SpecpipeError(
             f"repeats={cfg.repeats}: measure each prompt at least once (repeats=1, or 3 on a noisy machine)"
         )
-    prompts = load_suite(cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category)
+    prompts = load_suite(
+        cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category, cfg.suite.second_turns
+    )
     done = out.done_pairs() if cfg.resume else set()
     pending = [p for p in prompts if (chash, p["id"]) not in done]
     if len(pending) < len(prompts):
@@ -137,8 +139,24 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         "suite": cfg.suite.name if not cfg.suite.path else Path(cfg.suite.path).stem,
     }
 
+    answers: dict[str, list[int]] = {}  # prompt id -> plain decoding's answer, for a second turn that follows it
+
     def encode(prompt: dict) -> list[int]:
-        ids = spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+        if "after" in prompt:  # an MT-Bench second turn: the first turn and the target's own answer come first
+            first = prompt["after"]
+            if first["id"] not in answers:  # measured in an earlier (resumed) run, or cut by limit
+                answers[first["id"]] = measure_specpipe(base, encode(first), cfg.max_tokens)["token_ids"]
+            system = [{"role": "system", "content": cfg.suite.system}] if cfg.suite.system else []
+            ids = spec.target.encode_messages(
+                [
+                    *system,
+                    {"role": "user", "content": first["prompt"]},
+                    {"role": "assistant", "content": spec.target.decode(answers[first["id"]])},
+                    {"role": "user", "content": prompt["prompt"]},
+                ]
+            )
+        else:
+            ids = spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
         spec.target.check_prompt_fits(len(ids))  # e.g. suite=longctx-32k on SmolLM2: one line, before any prefill
         return ids
 
@@ -186,6 +204,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             for name in order:
                 runs[name].append(measure_specpipe(paths[name], ids, cfg.max_tokens))
         b, s = median_run(runs["baseline"]), median_run(runs["spec"])
+        answers[prompt["id"]] = b["token_ids"]
         fixed_runs = {k: median_run(runs[k]) for k in runs if k not in ("baseline", "spec")}
         for run in fixed_runs.values():
             run["speedup"] = _ratio(run["decode_tok_s"], b["decode_tok_s"])
@@ -196,6 +215,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "label": label,
             "prompt_id": prompt["id"],
             "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
+            "turn": 2 if "after" in prompt else 1,
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
             "baseline": b,

@@ -39,6 +39,7 @@ def load_suite(
     limit: int | None = None,
     fmt: str = "jsonl",
     per_category: int | None = None,
+    second_turns: bool = False,
 ) -> list[dict]:
     """Prompts of a suite as [{"id", "prompt"}] (plus "category" for Spec-Bench), in file order.
 
@@ -48,6 +49,7 @@ def load_suite(
         limit: keep the first `limit` prompts (None: all).
         fmt: "jsonl" ({"id", "prompt"} lines) or "spec-bench" (Spec-Bench's question.jsonl: spec_bench.py).
         per_category: Spec-Bench only: this many questions of each of its six categories (None: all).
+        second_turns: Spec-Bench only: each MT-Bench question's second turn after its first (spec_bench.py).
     """
     if fmt not in ("jsonl", "spec-bench"):
         raise SpecpipeError(f'suite.format={fmt}: choose jsonl ({{"id", "prompt"}} lines) or spec-bench')
@@ -73,7 +75,7 @@ def load_suite(
     if fmt == "spec-bench":
         from specpipe.bench.spec_bench import read_spec_bench
 
-        prompts = read_spec_bench(text, source, per_category)
+        prompts = read_spec_bench(text, source, per_category, second_turns)
     else:
         prompts = []
         for n, line in enumerate(text.splitlines(), 1):

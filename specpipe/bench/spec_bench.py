@@ -5,7 +5,11 @@ Contract: `read_spec_bench(text, source, per_category)` turns Spec-Bench's `ques
 data/spec_bench/question.jsonl) into prompts [{"id", "prompt", "category"}]: each question's first
 turn, under one of Spec-Bench's six task categories (MT-Bench's eight subcategories are its
 "mt_bench"). `per_category=N` keeps N questions per category, evenly spaced through each category's
-questions in file order, so the draw is the same every time. specpipe does not ship the file.
+questions in file order, so the draw is the same every time. With `second_turns`, each drawn MT-Bench
+question's second turn follows its first as a prompt of its own, `{"id": "<first id>-turn2", "prompt": the second
+turn, "after": {"id", "prompt"} of the first}`: as Spec-Bench runs it, the second turn is asked with the first
+turn and the target's own answer to it in the context (bench/harness.py builds that conversation).
+specpipe does not ship the file.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ def task_of(category: str) -> str:
     return "mt_bench" if category in MT_BENCH else category
 
 
-def read_spec_bench(text: str, source: object, per_category: int | None = None) -> list[dict]:
-    """Prompts of a Spec-Bench question file, first turns only, in file order.
+def read_spec_bench(
+    text: str, source: object, per_category: int | None = None, second_turns: bool = False
+) -> list[dict]:
+    """Prompts of a Spec-Bench question file, first turns (and MT-Bench's second turns), in file order.
 
     Example: 80 summarization rows and per_category=3 keep rows 13, 40 and 66 (0-based: (i + 1/2) 80 / 3).
 
@@ -41,7 +47,7 @@ def read_spec_bench(text: str, source: object, per_category: int | None = None) 
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise ValueError("turns must be a list of strings")
             task = task_of(str(row["category"]))
-            prompt = {"id": f"{task}-{row['question_id']}", "prompt": turns[0], "category": task}
+            prompt = {"id": f"{task}-{row['question_id']}", "prompt": turns[0], "category": task, "turns": turns}
         except (ValueError, KeyError, TypeError) as exc:
             raise SpecpipeError(
                 f'suite {source} line {n}: expected a Spec-Bench question {{"question_id", "category", "turns"}} '
@@ -49,7 +55,7 @@ def read_spec_bench(text: str, source: object, per_category: int | None = None) 
             ) from exc
         by_task.setdefault(task, []).append(prompt)
     if per_category is None:
-        return [p for rows in by_task.values() for p in rows]
+        return _with_second_turns([p for rows in by_task.values() for p in rows], second_turns)
     if per_category < 1:
         raise SpecpipeError(f"suite.per_category={per_category}: keep at least 1 question per category (or null: all)")
     picked = []
@@ -57,4 +63,16 @@ def read_spec_bench(text: str, source: object, per_category: int | None = None) 
         m = len(rows)
         picked += [rows[int((i + 0.5) * m / per_category)] for i in range(min(per_category, m))]
     order = {p["id"]: i for i, p in enumerate(p for rows in by_task.values() for p in rows)}
-    return sorted(picked, key=lambda p: order[p["id"]])
+    return _with_second_turns(sorted(picked, key=lambda p: order[p["id"]]), second_turns)
+
+
+def _with_second_turns(prompts: list[dict], second_turns: bool) -> list[dict]:
+    """Each MT-Bench prompt followed by its second turn (when asked and the question has one)."""
+    out = []
+    for p in prompts:
+        turns = p.pop("turns")
+        out.append(p)
+        if second_turns and p["category"] == "mt_bench" and len(turns) > 1 and isinstance(turns[1], str):
+            after = {"id": p["id"], "prompt": p["prompt"]}
+            out.append({"id": f"{p['id']}-turn2", "prompt": turns[1], "category": "mt_bench", "after": after})
+    return out
