@@ -167,4 +167,5 @@ def test_spec_bench_questions_get_a_verdict_per_task(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     tasks = [line.split(":", 1)[0] for line in proc.stdout.split("\n\n", 1)[0].splitlines()]
     assert tasks == ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation"], proc.stdout
-    assert "| mt_bench | draft=ngram | auto | 1 |" in proc.stdout  # writing, coding: one task, one question drawn
+    # writing, coding: one task, one question drawn, and its second turn after the first answer
+    assert "| mt_bench | draft=ngram | auto | 2 |" in proc.stdout

@@ -100,8 +100,13 @@ def _task(cfg) -> None:
     first = bench_node(cfg, candidates[0], kinds[0], None, list(cfg.ks), results)
     per_kind = {
         k.name: len(
-            load_suite(
-                k.suite or "code", k.path, None if k.format == "spec-bench" else cfg.limit, k.format, k.per_category
+            load_suite(  # as the bench will run them: Spec-Bench's MT-Bench second turns included (suite yaml)
+                k.suite or "code",
+                k.path,
+                None if k.format == "spec-bench" else cfg.limit,
+                k.format,
+                k.per_category,
+                second_turns=True,
             )
         )
         for k in kinds
