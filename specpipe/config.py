@@ -85,6 +85,19 @@ class ModelDraftConfig(PluginConfig):
 
 
 @dataclass
+class ChainDraftConfig(PluginConfig):
+    sources: list[str] = MISSING  # drafters asked in order until one proposes: ngram, model, layerskip, ...
+    probe_every: int = ranged(1, None, "ask a skipped source once after this many skips, e.g. 16")
+    # each source's own node (conf/draft/<name>.yaml), used when `sources` names it
+    ngram: Any = MISSING
+    model: Any = MISSING
+    layerskip: Any = MISSING
+    mtp: Any = MISSING
+    lookahead: Any = MISSING
+    eagle3: Any = MISSING
+
+
+@dataclass
 class FixedBudgetConfig(PluginConfig):
     k: int = MISSING
 
@@ -216,6 +229,7 @@ def register() -> None:
     cs.store(group="schema/draft", name="ngram", node=NgramDraftConfig)
     cs.store(group="schema/draft", name="model", node=ModelDraftConfig)
     cs.store(group="schema/draft", name="lookahead", node=LookaheadDraftConfig)
+    cs.store(group="schema/draft", name="chain", node=ChainDraftConfig)
     cs.store(group="schema/budget", name="fixed", node=FixedBudgetConfig)
     cs.store(group="schema/budget", name="adaptive", node=AdaptiveBudgetConfig)
     cs.store(group="schema/budget", name="confidence", node=ConfidenceBudgetConfig)
@@ -244,6 +258,7 @@ class SuiteConfig:
     system: str | None = MISSING
     format: str = MISSING  # jsonl ({"id", "prompt"} lines) | spec-bench (Spec-Bench's question.jsonl, first turns)
     per_category: int | None = MISSING  # spec-bench: this many questions per category, evenly spaced (None: all)
+    second_turns: bool = MISSING  # spec-bench: MT-Bench's second turns too, with the first answer in the context
 
 
 @dataclass
@@ -258,7 +273,6 @@ class BenchConfig(PipelineGroups):
     anchor_ks: list[int] | None = MISSING
     resume: bool = MISSING  # skip (config hash, prompt id) pairs already in the results file
     results: str | None = MISSING  # results JSONL; None: <sweep or run dir>/bench.jsonl
-    second_turns: bool = MISSING  # spec-bench: MT-Bench's second turns too, with the first answer in the context
     repeats: int = MISSING  # each prompt's baseline / speculative pair this many times; the median run of each is kept
     # specpipe's own fixed K values to measure beside the configured budget (same drafter, same baseline runs);
     # the verdict line compares the budget (e.g. auto) with the best of them and with mlx-lm's best K.

@@ -134,13 +134,14 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.drafters.mtp import MtpDrafter
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
+    from specpipe.drafters.sources import ChainDrafter
     from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
 
-    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter)  # noqa: E501  # fmt: skip
+    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, ChainDrafter)  # noqa: E501  # fmt: skip
     _BUDGETS: tuple[type[Budget], ...] = (FixedBudget, AdaptiveBudget, ConfidenceBudget, AutoBudget)
     _ROLLBACKS: tuple[type[Rollback], ...] = (TrimRollback, CheckpointRollback, RecomputeRollback, AutoRollback)
     _COMPARATORS: tuple[type[Comparator], ...] = (GreedyComparator, RejectionComparator, MatchComparator)

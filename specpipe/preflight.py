@@ -64,6 +64,7 @@ def check_config(cfg: DictConfig) -> str | None:
         _tiny,
         _sampling,
         _plugins,
+        _chain,
         _confidence,
         _prompt,
     ):
@@ -262,6 +263,17 @@ def _plugins(cfg: DictConfig) -> str | None:
         except SpecpipeError as exc:
             return str(exc)
     return None
+
+
+def _chain(cfg: DictConfig) -> str | None:
+    """draft=chain's sources: known drafters, each once, never a chain (drafters/sources.py; imports no MLX)."""
+    draft = cfg.get("draft") if "draft" in cfg else None
+    if not isinstance(draft, DictConfig) or draft.get("name") != "chain":
+        return None
+    from specpipe.drafters.sources import check_sources
+
+    tree = cfg.tree.get("name") if isinstance(cfg.get("tree"), DictConfig) else "chain"
+    return check_sources(OmegaConf.to_container(draft.sources) if "sources" in draft else None, tree)
 
 
 def _confidence(cfg: DictConfig) -> str | None:

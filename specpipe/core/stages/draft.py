@@ -31,9 +31,11 @@ class Draft:
         emitted since its last forward), for the step's accounting.
     catchup_forwards: forwards spent only on that catch-up (0 when it rides
         in the first drafting forward, as the model drafter does).
+    source: which of a chain's drafters proposed it (draft=chain, drafters/sources.py); "" for the others.
     """
 
     token_ids: list[int]
     probs: Any = None
     catchup_tokens: int = 0
     catchup_forwards: int = 0
+    source: str = ""
