@@ -141,6 +141,7 @@ class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads e
     probe: bool = False
     decision: BudgetDecision | None = None
     tree_parents: list[int] = []  # tree != chain: parent node of each draft_ids entry (-1: the root); [] for a chain
+    source: str = ""  # draft=chain: the source that drafted draft_ids (ngram, model, ...); "" for other drafters
 
 
 class Verified(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
@@ -232,6 +233,9 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     tree_steps: int = 0  # steps that verified a non-empty token tree (tree != chain)
     tree_nodes_per_step: float = 0.0  # mean draft nodes verified per tree step
     tree_path_length: float = 0.0  # mean accepted path length per tree step (bonus excluded)
+    # draft=chain: per source that drafted (Drafted.source), its verified drafted tokens and the accepted ones
+    drafted_by_source: dict[str, int] = {}
+    accepted_by_source: dict[str, int] = {}
 
 
 class RunFinished(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -7,6 +7,8 @@ Definitions (vLLM's vocabulary):
 - draft forwards: summed from the Drafted events of this run, by purpose
   (drafting, probe, catch-up, hindsight, wasted); never a drafter's lifetime
   counter, which a session's earlier runs would inflate.
+- per source (draft=chain): a step's drafted and accepted tokens count for the source its Drafted event
+  names (`drafted_by_source`, `accepted_by_source`); other drafters' steps name none.
 - latency: per-token gaps; an emission of m tokens arriving `gap` seconds
   after the previous one counts as m gaps of gap/m (time per output token).
 """
@@ -50,6 +52,8 @@ class StatsCollector:
         self.position_accepted: list[int] = []  # ... and steps whose accepted prefix reached past i
         self._overlap: list[float] = []
         self._pending_draft = 0
+        self._step_source: dict[int, str] = {}  # step -> Drafted.source, until its Verified
+        self.by_source: dict[str, list[int]] = {}  # source -> [drafted, accepted]
         self.token_ids: list[int] = []
         self.text_parts: list[str] = []
         self.gaps_s: list[float] = []  # per emitted token, seconds (see the module docstring)
@@ -83,10 +87,16 @@ class StatsCollector:
             self.forwards_by["hindsight"] += event.hindsight_forwards
             self.forwards_by["wasted"] += event.wasted_forwards
             self.probe_steps += event.probe
+            if event.source and event.draft_ids:
+                self._step_source[event.step] = event.source
         elif isinstance(event, Verified):
             self.steps += 1
             n, k = len(event.accepted_ids), len(event.accepted_ids) + len(event.rejected_ids)
             self.accepted += n
+            source = self._step_source.pop(event.step, "")
+            if source:
+                counts = self.by_source.setdefault(source, [0, 0])
+                counts[0], counts[1] = counts[0] + k, counts[1] + n
             if event.tree_depth:  # a tree: positions are depths, a depth is accepted when the path reached it
                 self.tree_steps += 1
                 self.tree_nodes += k
@@ -150,6 +160,8 @@ class StatsCollector:
             tree_steps=self.tree_steps,
             tree_nodes_per_step=self.tree_nodes / self.tree_steps if self.tree_steps else 0.0,
             tree_path_length=self.tree_path / self.tree_steps if self.tree_steps else 0.0,
+            drafted_by_source={s: c[0] for s, c in self.by_source.items()},
+            accepted_by_source={s: c[1] for s, c in self.by_source.items()},
         )
 
 

@@ -23,6 +23,7 @@ class Figures:
         self.config_yaml = ""
         self.tree = ""  # tree != chain: the shape label RunStarted carries
         self.k: int | None = None  # K of the latest step
+        self.source = ""  # draft=chain: the source that drafted the latest step (Drafted.source)
         self.k_label = ""  # a served chat: the server's K as its budget label gives it (figures.served_k)
         self.step_rates: list[float] = []  # acceptance rate per step, whole chat
         self.stop_reason = ""
@@ -49,6 +50,7 @@ class Figures:
             self.stop_reason, self.running, self.peak_memory_bytes = "", True, 0
         elif isinstance(event, Drafted):
             self.k = event.k
+            self.source = event.source if event.draft_ids else ""
             self._step_k[event.step] = len(event.draft_ids)
         elif isinstance(event, Verified):
             drafted = self._step_k.pop(event.step, 0)
@@ -76,7 +78,9 @@ class Figures:
             ("tok/s", f"{s.decode_tok_s:.1f}" if s.decode_tok_s else "-"),
             ("TTFT", f"{s.ttft_s:.2f} s" if s.ttft_s else "-"),
             ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
-            ("K", str(self.k) if self.k is not None else self.k_label or "-"),
+            ("K", self._k_shown()),
+            # draft=chain: accepted / drafted per source this answer
+            *([("sources", by_source(s.drafted_by_source, s.accepted_by_source))] if s.drafted_by_source else []),
             ("drafter", self.drafter),
             ("budget", self.budget),
             *([("tree", short_tree(self.tree))] if self.tree else []),
@@ -88,6 +92,17 @@ class Figures:
             # the lines themselves are a notice when they first arrive, and head the F2 config screen
             *([("warning", "slower (see F2)")] if self.warnings else []),
         ]
+
+    def _k_shown(self) -> str:
+        """The latest step's K, with the chain's source that drafted it: "4 (ngram)"."""
+        if self.k is None:
+            return self.k_label or "-"
+        return f"{self.k} ({self.source})" if self.source else str(self.k)
+
+
+def by_source(drafted: dict[str, int], accepted: dict[str, int]) -> str:
+    """Accepted / drafted per chained source: {"ngram": 12, "model": 8} drafted -> "ngram 9/12, model 5/8"."""
+    return ", ".join(f"{name} {accepted.get(name, 0)}/{n}" for name, n in drafted.items())
 
 
 def served_k(budget: str) -> str:

@@ -119,6 +119,7 @@ def propose_chain(row: Row, plan: StepPlan, clock, first_plain: bool) -> Generat
         wasted_forwards=f1 - f0 - draft.catchup_forwards - drafting,
         probe=plan.probe and k_eff > 0,
         decision=plan.decision,
+        source=draft.source,  # draft=chain: which source drafted it
     )
     started = time.perf_counter()
     states = row.rollback.before_forward(row.cache)
