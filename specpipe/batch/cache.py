@@ -35,7 +35,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from specpipe.engine import introspect
 from specpipe.engine.kv import WindowKVCache
@@ -56,9 +56,11 @@ def storage_refusal(target) -> str | None:
 def _refusal(cache: list, name: str, arch: str) -> str | None:
     others = sorted({type(c).__name__ for c in cache if _kind(c) is None})
     if others:
+        quantized = any(isinstance(c, QuantizedKVCache) for c in cache)
         return (
             f"{name} has {'/'.join(others)} layers (chunked, grouped, rotating with sinks or quantized): a batch "
-            "holds plain, sliding-window and recurrent layers only; serve it with max_batch=1, or kv=full"
+            "holds plain, sliding-window and recurrent layers only; "
+            + ("use kv=full to batch it" if quantized else "serve it with max_batch=1")
         )
     if any(_kind(c) is RecurrentLayer for c in cache) and arch not in introspect.MIXERS:
         return (
