@@ -117,7 +117,7 @@ class ChainDrafter(DrafterBase):
         costly = [s for s, f in zip(self.sources, self.free) if not f]
         self._primary: Drafter | None = costly[0] if costly else None  # what budget=auto times and prices
         # a free source's drafts are priced apart per evidence class; a costly source's per source
-        self._prices = [SourcePrice(c=0.0 if f else _prior_cost(s, target)) for s, f in zip(self.sources, self.free)]
+        self.prices = [SourcePrice(c=0.0 if f else _prior_cost(s, target)) for s, f in zip(self.sources, self.free)]
         self._classes: dict[tuple[int, int], SourcePrice] = {}
         self.evidence_is_free = any(self.free) and self._primary is not None
         self.prefill_after_first_token = any(s.prefill_after_first_token for s in self.sources)
@@ -216,7 +216,7 @@ class ChainDrafter(DrafterBase):
             k = (
                 max(plan.k, plan.lookup_k)
                 if self.free[i]
-                else self._prices[i].k_to_draft(plan.k, self._slope, self.probe_every)
+                else self.prices[i].k_to_draft(plan.k, self._slope, self.probe_every)
             )
             if k <= 0:
                 continue
@@ -233,7 +233,7 @@ class ChainDrafter(DrafterBase):
             if not draft.token_ids:
                 continue
             if not self.free[i]:
-                self._prices[i].charge(draft_s, len(draft.token_ids), self._t1_s)
+                self.prices[i].charge(draft_s, len(draft.token_ids), self._t1_s)
             evidence_free = self.free[i] or s.evidence_is_free
             self.last_evidence = s.last_evidence if evidence_free or not self.evidence_is_free else None
             self.last_tops = s.last_tops
@@ -276,7 +276,7 @@ class ChainDrafter(DrafterBase):
     def _class_price(self, i: int, evidence: int | None) -> SourcePrice:
         """A free source's price for drafts of class `evidence` (its pooled price without a class)."""
         if evidence is None:
-            return self._prices[i]
+            return self.prices[i]
         return self._classes.setdefault((i, evidence), SourcePrice())
 
     def _settle(self, kept_len: int) -> None:
@@ -290,7 +290,7 @@ class ChainDrafter(DrafterBase):
             return  # the budget made the step plain: no verdict on this source
         t1 = (time.perf_counter() - verify_from) / (1.0 + self._slope * verified)
         self._t1_s = t1 if self._t1_s == 0 else T1_FORGET * self._t1_s + (1 - T1_FORGET) * t1
-        price = self._class_price(i, evidence) if self.free[i] else self._prices[i]
+        price = self._class_price(i, evidence) if self.free[i] else self.prices[i]
         price.observe(verified, accepted)
         counts = self.counts[self.names[i]]
         counts[0], counts[1] = counts[0] + verified, counts[1] + accepted

@@ -1,0 +1,197 @@
+"""`draft=chain`: drafters asked in order until one proposes, each priced by its own cost and acceptance.
+
+Greedy output must equal the target decoding alone (draft=none) whichever source drafts each step, with
+trim and checkpoint rollback, under a fixed K and budget=auto; a source that never proposes hands every
+step to the next; a source that does not pay is skipped (a plain step when none does); sampling through
+the chain hands the comparator the proposing source's own q; a bad source list is one line at preflight.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from conftest import CONF_DIR, first_difference, noisy_copy, prepared, run_module, tiny
+from hydra import compose, initialize_config_dir
+
+import specpipe.config  # noqa: F401  (the schemas and the resolvers compose needs)
+from specpipe.budgets.auto import AutoBudget
+from specpipe.budgets.fixed import FixedBudget
+from specpipe.config_groups import group_option
+from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import StepPlan
+from specpipe.core.sampling import Sampler
+from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
+from specpipe.core.stages.compare import GreedyComparator, RejectionComparator
+from specpipe.drafters.model import ModelDrafter
+from specpipe.drafters.none import NoneDrafter
+from specpipe.drafters.sources import ChainDrafter, check_sources
+from specpipe.events import Drafted, Event, RunFinished
+from specpipe.preflight import check_config
+from specpipe.rollbacks.checkpoint import CheckpointRollback
+from specpipe.rollbacks.trim import TrimRollback
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+MAX_TOKENS = 40
+
+
+def chain(target, draft, sources, probe_every=1, sampler=None, **keys):
+    """A ChainDrafter as conf/draft/chain.yaml builds it; `keys`: {source: {key: value}} overrides."""
+    nodes = {n: group_option("draft", n) for n in ("ngram", "model", "layerskip", "mtp", "lookahead", "eagle3")}
+    nodes["model"]["model"] = "other"  # the noisy copy, through `load`
+    nodes["layerskip"]["depth"] = 1
+    for name, values in keys.items():
+        nodes[name].update(values)
+    return ChainDrafter(
+        target=target, load=lambda **_: draft, sources=sources, probe_every=probe_every, sampler=sampler, **nodes
+    )
+
+
+def run(target, drafter, budget, prompt, rollback=None, comparator=None, bonus=None, max_tokens=MAX_TOKENS):
+    pipe = SpeculativePipeline(
+        target, drafter, budget, comparator or GreedyComparator(), rollback or TrimRollback(), bonus or GreedyBonus()
+    )
+    events: list[Event] = list(pipe.run(prompt, max_tokens, stop_ids=set()))
+    final = events[-1]
+    assert isinstance(final, RunFinished)
+    return final, [e for e in events if isinstance(e, Drafted) and e.draft_ids]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3_next"])
+def pair(request):
+    """A tiny target (attention-only, or a hybrid whose recurrent layers need checkpoint rollback), a noisy
+    copy to draft with, the repetitive prompt and the target's own greedy tokens (draft=none)."""
+    target = tiny(request.param)
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    rollback = TrimRollback if request.param == "llama" else CheckpointRollback
+    baseline, _ = run(target, NoneDrafter(), FixedBudget(k=1), prompt, rollback())
+    return target, draft, prompt, baseline.token_ids, rollback
+
+
+# ---------------------------------------------------------------- lossless, whichever source drafts
+
+
+@pytest.mark.parametrize("budget", ["fixed", "auto"])
+@pytest.mark.parametrize("second", ["model", "layerskip"])
+def test_greedy_chain_equals_target_alone(pair, second, budget):
+    target, draft, prompt, baseline, rollback = pair
+    if second == "layerskip" and target.info.arch != "llama":
+        pytest.skip("layer skip drafts with llama-like layers only (a hybrid's are refused in one line)")
+    drafter = chain(target, draft, ["ngram", second])
+    b = FixedBudget(k=4) if budget == "fixed" else prepared(AutoBudget(), target, drafter)
+    final, drafted = run(target, drafter, b, prompt, rollback())
+    assert final.token_ids == baseline, first_difference(target, prompt, baseline, final.token_ids)
+    by = {e.source for e in drafted}
+    assert by <= {"ngram", second} and "ngram" in by, by  # the repeated prompt: the n-gram matches
+    if budget == "fixed":
+        assert second in by, "probe_every=1: a priced-out model still drafts every other chance"
+    # summary.json's per-source counts are the events' and the drafter's own
+    s = final.stats
+    assert sum(s.drafted_by_source.values()) == s.drafted and sum(s.accepted_by_source.values()) == s.accepted
+    assert {n: [s.drafted_by_source.get(n, 0), s.accepted_by_source.get(n, 0)] for n in drafter.names} == drafter.counts
+    lookups = [e for e in drafted if e.source == "ngram"]
+    assert all(e.forwards == 0 for e in lookups), "a free source runs no draft forward"
+
+
+def test_a_first_source_that_never_proposes_hands_every_step_to_the_next(pair):
+    target, draft, prompt, baseline, rollback = pair
+    drafter = chain(target, draft, ["ngram", "model"], ngram={"window": 1})  # a match must start in the last token
+    final, drafted = run(target, drafter, FixedBudget(k=4), prompt, rollback())
+    assert final.token_ids == baseline, first_difference(target, prompt, baseline, final.token_ids)
+    assert drafted and {e.source for e in drafted} == {"model"}
+    assert drafter.counts["ngram"] == [0, 0]
+
+
+def test_a_source_that_does_not_pay_is_skipped_and_the_step_is_plain(pair):
+    """A draft as big as the target (c = 1 target forward per token) can never beat a plain step: no draft."""
+    target, draft, prompt, baseline, rollback = pair
+    drafter = chain(target, draft, ["model"], probe_every=10_000)
+    final, drafted = run(target, drafter, FixedBudget(k=4), prompt, rollback())
+    assert final.token_ids == baseline
+    assert not drafted and final.stats.drafted == 0 and final.stats.draft_forwards == 0
+
+
+def test_a_tree_step_asks_the_sources_too(pair):
+    from conftest import run_pipeline
+
+    from specpipe.trees.proposal import tree_parts
+    from specpipe.trees.shape import TreeShape
+
+    target, draft, prompt, baseline, _ = pair
+    if target.info.arch != "llama":
+        pytest.skip("token trees need attention-only targets")
+    drafter = chain(target, draft, ["ngram", "model"])
+    parts = tree_parts(target, drafter, TreeShape(kind="dynamic", nodes=8, depth=4))
+    got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree=parts)
+    assert got == baseline[: len(got)] and len(got) == MAX_TOKENS and final.stats.tree_steps > 0
+
+
+# ---------------------------------------------------------------- sampling: the proposing source's q
+
+
+def test_sampling_hands_the_comparator_the_proposing_sources_own_q():
+    target = tiny("llama")
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt("the cat sat on the mat", chat=False)
+    alone = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=Sampler(1.0, seed=3))
+    chained = chain(target, draft, ["ngram", "model"], sampler=Sampler(1.0, seed=3), ngram={"window": 1})
+    chained.prices[1].c = 0.1  # as if timed cheap: the model pays and drafts at once
+    for d in (alone, chained):
+        d.use_rollback(TrimRollback())
+        d.prefill(prompt)
+    a = alone.propose(prompt, StepPlan(k=4))
+    b = chained.propose(prompt, StepPlan(k=4))
+    assert b.source == "model" and b.token_ids == a.token_ids
+    assert a.probs is not None and b.probs is not None and (b.probs == a.probs).all().item()
+
+
+def test_sampled_chain_runs_finish_and_repeat_under_a_seed():
+    target = tiny("llama")
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    outputs = []
+    for _ in range(2):
+        sampler = Sampler(0.8, seed=5)
+        drafter = chain(target, draft, ["ngram", "model"], sampler=sampler)
+        final, drafted = run(
+            target, drafter, FixedBudget(k=4), prompt, comparator=RejectionComparator(sampler=sampler),
+            bonus=SampledBonus(sampler=sampler),
+        )  # fmt: skip
+        assert final.stop_reason == "max_tokens" and len(final.token_ids) == MAX_TOKENS and drafted
+        outputs.append(final.token_ids)
+    assert outputs[0] == outputs[1]
+
+
+# ---------------------------------------------------------------- bad source lists, events
+
+
+@pytest.mark.parametrize(
+    "sources, says",
+    [
+        ("[ngram,chain]", "a chain cannot ask a chain"),
+        ("[ngram,bogus]", "'bogus', not a drafter a chain can ask"),
+        ("[ngram,ngram]", "ngram twice"),
+        ("[]", "name the drafters to ask"),
+        ("[none]", "draft=none drafts nothing"),
+        ("[ngram,lookahead]", "drafts only token trees"),
+    ],
+)
+def test_a_bad_source_list_is_one_line_at_preflight(sources, says):
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose("config", overrides=["draft=chain", f"draft.sources={sources}"])
+    message = check_config(cfg)
+    assert message is not None and says in message and "\n" not in message
+    if "lookahead" not in sources:  # the constructor says the same (the tree is preflight's to know)
+        assert check_sources(list(cfg.draft.sources), tree=None) == message
+
+
+def test_the_cli_refuses_a_chain_of_chains_in_one_line(tmp_path):
+    proc = run_module("specpipe.cli", ["model=tiny-random", "draft=chain", "draft.sources=[chain]"], tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "a chain cannot ask a chain" in proc.stderr
+
+
+def test_recordings_without_a_source_still_read():
+    old = b'{"kind":"drafted","t":0.1,"step":1,"k":2,"draft_ids":[5,6],"seconds":0.01}'
+    event = msgspec.json.Decoder(Event).decode(old)
+    assert isinstance(event, Drafted) and event.source == ""
