@@ -17,9 +17,10 @@ import mlx.core as mx
 import numpy as np
 
 from specpipe.batch.cache import RaggedBatch
+from specpipe.engine.engine import Capture
 
 CALIBRATION_CONTEXT = 128  # tokens of context per row while timing
-FORMAT = "batch-v1"  # bump when what is timed changes: an old file then misses instead of misleading
+FORMAT = "batch-v2"  # bump when what is timed changes: an old file then misses instead of misleading
 
 
 @dataclass
@@ -79,7 +80,11 @@ def calibrate(target, max_batch: int, max_n: int, repeats: int = 5) -> CostTable
             timings = []
             for _ in range(repeats + 1):  # the first run warms up
                 t0 = time.perf_counter()
-                out = target.forward(ids, batch.layers, positions=batch.positions(n), mask=batch.mask(n)).logits
+                # a hybrid's served forward records each position's recurrent state (its mixers loop per token)
+                capture = Capture(states=batch.state_capture()) if batch.wants_states else None
+                out = target.forward(
+                    ids, batch.layers, capture=capture, positions=batch.positions(n), mask=batch.mask(n)
+                ).logits
                 mx.eval(out, [layer.state for layer in batch.layers])
                 timings.append(time.perf_counter() - t0)
             seconds[i, j] = min(timings[1:])
