@@ -12,7 +12,8 @@ from conftest import tiny
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
 from specpipe.engine.engine import Capture
-from specpipe.engine.kv import WindowKVCache
+from specpipe.engine.kv import WindowKV, WindowKVCache
+from specpipe.engine.load.loader import load_engine
 
 # float32 logits of magnitude ~30: OpenBLAS's blocking differs with the batch's shape, so a row batched and the
 # same row alone differ by up to ~2e-4 (qwen3_5); a row given another's state, or padding in its own, by > 1
@@ -150,3 +151,30 @@ def test_a_quantized_kv_cache_is_refused_naming_kv_full():
     finally:
         e.kv = None
     assert line and "QuantizedKVCache" in line and "kv=full" in line
+
+
+def windowed(which: str):
+    """Targets whose every attention layer has a window of 16: kv=window on llama, recurrent_gemma's local layers."""
+    if which == "kv=window":
+        e = tiny("llama")
+        e.kv = WindowKV(16)
+        return e
+    return load_engine("tiny-random", precision="float32", arch=which, seed=0, tiny={"attention_window_size": 16})
+
+
+@pytest.mark.parametrize("which", ["kv=window", "recurrent_gemma"])
+def test_where_every_layer_has_a_window_the_batch_stays_one_window_long(which):
+    """Each row attends to its last 16 positions as alone; the columns no window reaches become holes that
+    compaction frees, so the buffer does not grow with the rows' contexts."""
+    rows = Rows(windowed(which))
+    rows.join(tokens(0, 40))
+    rows.join(tokens(1, 12))
+    for s in range(12):
+        rows.step([[5, 9, 11, 3], [6, 4 + s]], [1 + s % 4, 1 + s % 2])
+        if s % 3 == 2:
+            rows.batch.compact()
+            assert rows.batch.idx < 16  # each row's columns inside its window only
+        if s == 5:
+            rows.join(tokens(2, 30))
+            rows.leave([2, 0])
+    assert min(len(c) for c in rows.contexts) > 16

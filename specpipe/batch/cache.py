@@ -165,6 +165,7 @@ class RaggedBatch:
         self.valid = np.concatenate([self.valid, row_valid])
         self.pos = np.concatenate([self.pos, row_pos])
         self.offsets = np.append(self.offsets, np.int32(P))
+        self._forget_past_window()  # the zeros before a window cache's newest columns among them
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these rows (in this order); the others leave the batch."""
@@ -215,6 +216,20 @@ class RaggedBatch:
         self.pos[:, self.idx : self.idx + n] = self.positions(n)
         self.offsets = self.offsets + np.asarray(kept, dtype=np.int32)
         self.idx += n
+        self._forget_past_window()
+
+    def _forget_past_window(self) -> None:
+        """Where every attention layer has a window (kv=window, recurrent_gemma), a column no later query of
+        its row can reach becomes a hole, so `compact` frees it: the buffer stays about one window long.
+
+        Example (window 4): a row's next position is 10; its queries (10, 11, ...) see keys from 7 on, so
+        its columns at positions 0..6 are holes. A model with global layers too (gemma3) forgets nothing.
+        """
+        windows = [layer.window for layer in self.layers if isinstance(layer, LayerCache)]
+        if not windows or None in windows:
+            return
+        reach = self.offsets - max(w for w in windows if w is not None)  # [B]: keys at or before it are out
+        self.valid[:, : self.idx] &= self.pos[:, : self.idx] > reach[:, None]
 
     def holes(self) -> int:
         """Columns written that no row attends to, summed over rows."""
@@ -249,6 +264,9 @@ class LayerCache:
         self.batch = batch
         self.keys: Any = None  # mx.array once a row is in (Any: mlx is untyped for mypy here)
         self.values: Any = None
+        # a sliding-window layer's window (its rows' WindowKVCache's): engine/positions.py's FedCache masks
+        # by it, as it does a window the model names (gemma3); kv=window's layers are known only this way
+        self.window: int | None = None
 
     @property
     def columns(self) -> int:
@@ -297,6 +315,8 @@ class LayerCache:
         A window layer (engine/kv.py WindowKVCache) may have dropped its oldest positions: it fills
         only its newest columns; the zeros before them lie outside every later query's window.
         """
+        if isinstance(solo, WindowKVCache):
+            self.window = solo.window
         if self.keys is None and solo.keys is None:
             return  # nothing prefilled anywhere yet: the first forward allocates
         like_k = self.keys if self.keys is not None else solo.keys
