@@ -174,6 +174,9 @@ class ChatApp(App):
             self.post_message(GenerationFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
         finally:
             self.post_message(GenerationEnded())
+        # idle until the next turn (which cancels this worker): the cost model times what it still prices from
+        # a model, one forward at a time, so the next answer waits one forward at most
+        self.source.refine_idle(lambda: worker.is_cancelled)
 
     def on_events_arrived(self, message: EventsArrived) -> None:
         for event in message.events:

@@ -185,6 +185,9 @@ class ServerSource:
         text = steps.shown if steps.used else "".join(texts)  # what the events showed
         yield RunFinished(t=t, stop_reason=reason, token_ids=ids, text=text, stats=_stats(final, t))
 
+    def refine_idle(self, should_stop) -> None:
+        pass  # the server refines its own cost model between requests
+
     def close(self) -> None:
         pass  # nothing held between answers: each one is its own connection
 

@@ -3,7 +3,8 @@
 A source has `generate(messages, control) -> Iterator[Event]` (one answer:
 RunStarted ... RunFinished), `decode` (ids -> text, or None), `special` (the
 special-token pattern), `k` (the configured draft budget, or None) and
-`config_yaml`. `LiveSource` runs a Session (loaded lazily, on the worker
+`config_yaml`, and `refine_idle(should_stop)`, called between answers (the cost
+model's idle timing; a no-op where no model runs here). `LiveSource` runs a Session (loaded lazily, on the worker
 thread: this module never imports mlx) and applies the prompt group as the
 `specpipe` CLI does (`prompt.system`, `prompt.chat`); `ReplaySource` plays
 recorded events at their original pace or faster. `chat_history` turns
@@ -12,6 +13,7 @@ recorded events back into chat messages, so a saved chat can be resumed.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +60,7 @@ class LiveSource:
         self.session = None
         self._special = None
         self._writer = EventWriter(record_to) if record_to else None
+        self._engine = threading.Lock()  # one forward at a time: an answer's or an idle refinement's
 
     @property
     def decode(self):
@@ -90,11 +93,20 @@ class LiveSource:
         return session.encode(messages=self.prompt_messages(messages))
 
     def generate(self, messages: list[dict], control) -> Iterator[Event]:
-        session = self.load()
-        prompt_ids = self.encode(session, messages)
-        for event in session.generate(prompt_ids, control=control, prompt_text=messages[-1]["content"]):
-            self.record(event)
-            yield event
+        with self._engine:  # after refine_idle's forward, never beside it
+            session = self.load()
+            prompt_ids = self.encode(session, messages)
+            for event in session.generate(prompt_ids, control=control, prompt_text=messages[-1]["content"]):
+                self.record(event)
+                yield event
+
+    def refine_idle(self, should_stop) -> None:
+        """Between turns: budget=auto's long-context verify curves, timed until `should_stop()` (a new turn)."""
+        from specpipe.costmodel.refine import refine_idle
+
+        if self.session is not None:
+            with self._engine:
+                refine_idle(self.session.target, self.session.budget, should_stop)
 
     def record(self, event: Event) -> None:
         if self._writer:
@@ -170,6 +182,9 @@ class ReplaySource:
                 return
             collector.consume(event)
             yield event
+
+    def refine_idle(self, should_stop) -> None:
+        pass  # a recording runs no model
 
     @staticmethod
     def _wait_until(deadline: float, control) -> bool:

@@ -191,6 +191,11 @@ class AutoBudget(BudgetBase):
             self._calibrated, self._curve = calibrated, _monotone(calibrated)
 
     @property
+    def context_curve(self) -> ContextCurve | None:
+        """The long-context curve prepare() set up: what an idle refinement (costmodel/refine.py) times."""
+        return self._context
+
+    @property
     def calibrated(self) -> bool:
         """Whether prepare() gave it a verify curve (from the cache or a timing); before that `ratio` is empty."""
         return bool(self._base)

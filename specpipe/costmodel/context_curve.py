@@ -5,10 +5,11 @@ Contract: `ContextCurve(engine).ratio_at(cache_len, base)` returns {n: T(n)/T(1)
 and never times anything (it runs on a request's path). Below FIRST_CONTEXT it returns `base`
 (calibration.py's curve, timed after 128 cached positions) unchanged; above, it interpolates
 linearly in the cache length between `base` and the curves timed at CONTEXTS (the last one 64
-positions short of the model's context) where `specpipe-calibrate` cached them, holding the longest
-flat beyond it. Where none are cached it prices from `base` and a context-length model
-(`context_cost`: each cached position costs its KV bytes against the weights' bytes, per query a
-share of that), and `source` says "modelled" so the step's decision can say so. `context_curves`
+positions short of the model's context) where `specpipe-calibrate` or an idle refinement (refine.py)
+cached them; past the longest one cached it grows from it by a context-length model, as it does from
+`base` where none are cached (the model, `context_cost`: each cached position costs its KV bytes
+against the weights' bytes, per query a share of that); `source` says "modelled" there, so the step's
+decision can say so. `context_curves`
 times and caches the curves (specpipe-calibrate, off any request). Timing needs no prefill: each
 attention layer's cache is filled with random keys and values of the wanted length, because a
 forward's cost depends on how many positions it attends to, not on what they hold. It never
@@ -17,6 +18,7 @@ touches a run's cache.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -42,6 +44,12 @@ def fill_cache(engine, cache: list, length: int) -> None:
     A one-token forward first allocates each layer (its shapes and dtype come from the model);
     recurrent layers keep that token's state, whose cost does not grow with the context.
     """
+    for _ in fill_steps(engine, cache, length):
+        pass
+
+
+def fill_steps(engine, cache: list, length: int) -> Iterator[None]:
+    """`fill_cache` one chunk at a time: yields after each, so an idle refinement (refine.py) can stop."""
     mx.eval(engine.forward(mx.array([11], dtype=mx.uint32), cache).logits)
     for layer in cache:
         shapes = _kv_shapes(layer)
@@ -56,6 +64,7 @@ def fill_cache(engine, cache: list, length: int) -> None:
             layer.update_and_fetch(keys, values)
             mx.eval(layer.state)
             done += n
+            yield
 
 
 def _kv_shapes(layer):
@@ -90,7 +99,7 @@ def context_key(engine) -> str:
 def cached_curves(engine) -> dict[int, dict] | None:
     """The long-context curves `context_curves` cached for this engine, or None (nothing timed, or a
     torn / stale file: one notice line). Reads a file; never times."""
-    data = cache_file.read(_path(engine), _decoded)
+    data = cache_file.read(curve_path(engine), _decoded)
     return _decoded(data) if data is not None else None
 
 
@@ -100,18 +109,24 @@ def context_curves(engine, refresh: bool = False) -> dict[int, dict]:
     cached = None if refresh else cached_curves(engine)
     if cached is not None:
         return cached
-    limit = engine.context_length or max(CONTEXTS)
     curves = {}
-    # room for the timed tokens (up to 33) inside the context: 8192 is timed at 8128 on an 8k model
-    for length in sorted({min(c, limit - 64) for c in CONTEXTS if c > FIRST_CONTEXT and limit - 64 > FIRST_CONTEXT}):
+    for length in context_lengths(engine):
         measured = time_at_context(engine, length)
         curves[length] = {"t1_s": measured[1], "ratio": interpolate(measured)}
         mx.clear_cache()  # give the filled cache's memory back before the next, longer one
-    cache_file.write(_path(engine), {str(c): v for c, v in curves.items()})
+    cache_file.write(curve_path(engine), {str(c): v for c, v in curves.items()})
     return curves
 
 
-def _path(engine):
+def context_lengths(engine) -> list[int]:
+    """The cache lengths a curve is timed at for this model, shortest first: CONTEXTS within its context,
+    leaving room for the timed tokens (up to 33): 8192 is timed at 8128 on an 8k model."""
+    limit = engine.context_length or max(CONTEXTS)
+    return sorted({min(c, limit - 64) for c in CONTEXTS if c > FIRST_CONTEXT and limit - 64 > FIRST_CONTEXT})
+
+
+def curve_path(engine):
+    """The cache file of this engine's long-context curves."""
     return cache_dir() / "calibration" / f"{context_key(engine)}.json"
 
 
@@ -174,10 +189,13 @@ class ContextCurve:
         self._base: dict[int, float] | None = None
         self._by_bucket: dict[int, dict[int, float]] = {}
         self.source = ""  # of the last ratio_at: "" (base), "timed" (cached curves) or "modelled"
+        self.longest = 0  # the longest cache length asked for: what an idle refinement (refine.py) times up to
+        self.refining: tuple[int, Any] | None = None  # refine.py's length in progress and its paused timing
 
     def ratio_at(self, cache_len: int, base: dict[int, float]) -> dict[int, float]:
         """{n: T(n)/T(1)} after `cache_len` cached positions: `base` itself (the short-context curve) below
         FIRST_CONTEXT, else one object per BUCKET of lengths, so a caller can tell a change by identity."""
+        self.longest = max(self.longest, cache_len)
         if cache_len < FIRST_CONTEXT:
             self.source = ""
             return base
@@ -185,8 +203,9 @@ class ContextCurve:
             self._base, self._by_bucket = base, {}
         if not self._read:
             self._curves, self._read = cached_curves(self.engine), True
-        self.source = "timed" if self._curves else "modelled"
         bucket = cache_len // BUCKET
+        # past the longest timed length the curve grows by the model from it (_interpolated): modelled too
+        self.source = "timed" if self._curves and bucket * BUCKET <= max(self._curves) else "modelled"
         if bucket not in self._by_bucket:
             self._by_bucket[bucket] = self._interpolated(bucket * BUCKET, base)
         return self._by_bucket[bucket]
@@ -196,13 +215,16 @@ class ContextCurve:
         self._read, self._by_bucket = self.engine is None, {}
 
     def _interpolated(self, length: int, base: dict[int, float]) -> dict[int, float]:
+        cost = context_cost(self.engine) if self.engine is not None else None
         if not self._curves:
-            cost = context_cost(self.engine) if self.engine is not None else None
             return modelled(base, length, cost) if cost is not None else dict(base)
         points = {CONTEXT: base, **{c: v["ratio"] for c, v in self._curves.items()}}
         xs = sorted(points)
         if length >= xs[-1]:
-            return dict(points[xs[-1]])
+            # past the longest timing (an idle refinement times the short ones first): the context-length
+            # model's growth from it; without one (no engine), held flat
+            last = xs[-1]
+            return modelled(points[last], CONTEXT + length - last, cost) if cost is not None else dict(points[last])
         hi = next(x for x in xs if x >= length)
         lo = max(x for x in xs if x <= length)
         w = 0.0 if hi == lo else (length - lo) / (hi - lo)
