@@ -21,7 +21,7 @@ import msgspec
 
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.step import Row, cut, step
-from specpipe.engine.engine import Capture, joined_rows
+from specpipe.engine.engine import joined_rows
 from specpipe.engine.kv import kv_figures
 from specpipe.events import Event, PrefillDone, PrefillProgress, RunFinished, RunStarted
 from specpipe.metrics import StatsCollector
@@ -100,11 +100,14 @@ class SpeculativePipeline:
             # ---- prefill: both caches see the prompt, except its last token
             cache = self.cache = self.target.make_cache()
             self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
-            wants_hidden = self.drafter.needs_hidden  # an MTP head reads the target's hidden states
+            # an MTP head reads the target's hidden states, an EAGLE-3 head its layer taps
+            draft_capture = self.drafter.capture
+            wants_hidden = draft_capture is not None
             hidden_rows: list = []
+            tap_rows: list = []
             s = time.perf_counter()
-            prefill_capture = Capture(hidden=True) if wants_hidden else None
-            for done in self.target.prefill_steps(context[:-1], cache, prefill_capture, hidden_rows):
+            steps = self.target.prefill_steps(context[:-1], cache, draft_capture, hidden_rows, tap_rows)
+            for done in steps:
                 if len(context) - 1 > self.target.prefill_chunk:  # a long prompt: say how far it got
                     yield emit(PrefillProgress(t=clock(), tokens=done, total=len(context) - 1))
             target_s, s = time.perf_counter() - s, time.perf_counter()
@@ -113,7 +116,7 @@ class SpeculativePipeline:
             if not deferred:
                 self.drafter.prefill(context)
             if wants_hidden:
-                self.drafter.observe_hidden(0, context[:-1], joined_rows(hidden_rows))
+                self.drafter.observe_hidden(0, context[:-1], joined_rows(hidden_rows), joined_rows(tap_rows))
             yield emit(
                 PrefillDone(
                     t=clock(),
@@ -136,7 +139,7 @@ class SpeculativePipeline:
                 stop_ids=stop_ids,
                 tree=self.tree,
                 draft_ready=not deferred,
-                wants_hidden=wants_hidden,
+                draft_capture=draft_capture,
             )
             reason = "max_tokens"
             while len(row.output) < max_tokens:

@@ -46,8 +46,9 @@ class ChainProposal:
         draft, drafter = self.draft, row.drafter
         k_eff = len(draft.token_ids)
         logits = result.logits  # [k_eff + 1, vocab]
-        if row.wants_hidden:
-            drafter.observe_hidden(len(row.context) - 1, [row.last_id, *draft.token_ids], result.hidden)
+        if row.draft_capture is not None:
+            fed = [row.last_id, *draft.token_ids]
+            drafter.observe_hidden(len(row.context) - 1, fed, result.hidden, result.layer_hidden)
         verdict = row.comparator.compare(draft, logits)
         n = verdict.accepted
         bonus_id = row.bonus.pick(logits[k_eff]) if n == k_eff else None
@@ -124,7 +125,12 @@ def propose_chain(row: Row, plan: StepPlan, clock, first_plain: bool) -> Generat
     started = time.perf_counter()
     states = row.rollback.before_forward(row.cache)
     # nothing asked for, no capture: the plain forward (draft=none, trim)
-    capture = Capture(hidden=row.wants_hidden, states=states) if states is not None or row.wants_hidden else None
+    want = row.draft_capture
+    capture = (
+        Capture(hidden=want.hidden if want else False, states=states, layers=want.layers if want else ())
+        if states is not None or want is not None
+        else None
+    )
     return ChainProposal(plan, draft, draft_s, first_plain, capture, started)
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     from specpipe.core.plan import StepPlan
     from specpipe.core.stages.compare import Verdict
     from specpipe.core.stages.draft import Draft
-    from specpipe.engine.engine import Engine
+    from specpipe.engine.engine import Capture, Engine
     from specpipe.engine.recurrent import StateCapture
     from specpipe.trees.drafting import TreeDraft
     from specpipe.trees.shape import TreeShape
@@ -55,6 +55,10 @@ class Drafter(Protocol):
     def supports_hindsight(self) -> bool: ...  # `hindsight` answers without a target forward (n-gram, MTP head)
     @property
     def needs_hidden(self) -> bool: ...  # True: the pipeline calls observe_hidden with the target's hidden states
+    # what the prefill and every verify forward must record for it (final hidden state, decoder-layer taps),
+    # handed to observe_hidden; None: nothing (DrafterBase: the final hidden state when needs_hidden)
+    @property
+    def capture(self) -> Capture | None: ...
     @property
     def last_evidence(self) -> int | None: ...  # how sure its last propose / hindsight was, as a class
 
@@ -101,8 +105,11 @@ class Drafter(Protocol):
     def rollback(self, kept_len: int) -> int:
         """Keep the first `kept_len` context tokens in its own cache; returns the positions dropped."""
 
-    def observe_hidden(self, start: int, token_ids: list[int], hidden: mx.array) -> None:
-        """The target's [n, hidden] states of `token_ids`, fed at its cache positions start.. (when `needs_hidden`)."""
+    def observe_hidden(
+        self, start: int, token_ids: list[int], hidden: mx.array | None, layer_hidden: mx.array | None = None
+    ) -> None:
+        """What `capture` asked the forward that fed `token_ids` at the target's cache positions start.. to record:
+        `hidden` [n, hidden] final states, `layer_hidden` [n, len(layers) * hidden] taps (None: not asked)."""
 
 
 class DrafterBase:
@@ -140,8 +147,16 @@ class DrafterBase:
             raise NotImplementedError(f"{type(self).__name__} keeps a cache but defines no rollback")
         return 0
 
-    def observe_hidden(self, start: int, token_ids: list[int], hidden: mx.array) -> None:
-        pass  # never called while needs_hidden is False
+    @property
+    def capture(self) -> Capture | None:
+        from specpipe.engine.engine import HIDDEN
+
+        return HIDDEN if self.needs_hidden else None
+
+    def observe_hidden(
+        self, start: int, token_ids: list[int], hidden: mx.array | None, layer_hidden: mx.array | None = None
+    ) -> None:
+        pass  # never called while capture is None
 
     def propose_tree(self, context_ids: list[int], shape: TreeShape) -> TreeDraft:
         """The chain `propose` of `shape.max_depth` tokens as a one-branch tree (a chain is a tree with one

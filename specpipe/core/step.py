@@ -27,7 +27,7 @@ from specpipe.core.stages.verify import verify
 from specpipe.events import DraftPrefilled, Emitted, Event
 
 if TYPE_CHECKING:
-    from specpipe.engine.engine import ForwardResult
+    from specpipe.engine.engine import Capture, ForwardResult
     from specpipe.trees.proposal import TreeParts, TreeProposal
 
 T = TypeVar("T")
@@ -42,7 +42,8 @@ class Row:
     tree: tree parts (tree != chain), or None: chains.
     draft_ready: False while the drafter's prefill waits for the first token (a draft model): the first step
         is plain and the second prefills it (DraftPrefilled).
-    wants_hidden: the drafter reads the target's hidden states (draft=mtp).
+    draft_capture: what the drafter reads of the target's forwards (`Drafter.capture`: draft=mtp's final hidden
+        state, draft=eagle3's layer taps); every verify records it and hands it to `observe_hidden`. None: nothing.
     k_override: RunControl's K for this step (None: the budget plans).
     detok: the target tokenizer's streaming detokenizer, for the Emitted text.
     """
@@ -59,7 +60,7 @@ class Row:
     stop_ids: set[int]
     tree: TreeParts | None = None
     draft_ready: bool = True
-    wants_hidden: bool = False
+    draft_capture: Capture | None = None
     k_override: int | None = None
     output: list[int] = field(default_factory=list)
     step: int = 0
@@ -68,6 +69,11 @@ class Row:
     @property
     def last_id(self) -> int:
         return self.context[-1]
+
+    @property
+    def wants_hidden(self) -> bool:
+        """The verify records something for the drafter (draft_capture)."""
+        return self.draft_capture is not None
 
 
 def step(target, rows: list[Row], clock: Callable[[], float]) -> Iterator[tuple[Row, Event]]:

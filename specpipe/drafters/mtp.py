@@ -82,7 +82,7 @@ class MtpDrafter(DrafterBase):
         self.tape = HiddenTape()
         self.cached_len = 0
 
-    def observe_hidden(self, start: int, token_ids: list[int], hidden) -> None:
+    def observe_hidden(self, start: int, token_ids: list[int], hidden, layer_hidden=None) -> None:
         """The target's hidden states [n, hidden] of `token_ids`, fed at cache positions start..
         (overwrites from start)."""
         if hidden is not None:

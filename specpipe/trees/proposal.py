@@ -86,16 +86,22 @@ class TreeProposal:
     def settle(self, target, row: Row, result: ForwardResult, clock) -> Generator[Event, None, tuple[list[int], int]]:
         """Compare, hand hidden states on, compact both caches; returns (path + next token, path length)."""
         tree, drafter, context = self.tree, row.drafter, row.context
-        logits, hidden = result.logits, result.hidden
+        logits, hidden, taps = result.logits, result.hidden, result.layer_hidden
         argmax_ids = mx.argmax(logits, axis=-1).tolist()  # [n + 1]: greedy's path, lookahead's window
         assert row.tree is not None, "a tree proposal comes from a row with tree parts"
         verdict = compare_tree(tree, logits, row.tree.sampler, self.draft, argmax_ids)
         path_ids = [tree.tokens[i] for i in verdict.path]
         kept_rows = [0] + [i + 1 for i in verdict.path]  # root first, then the path
-        if hidden is not None:
+        if row.draft_capture is not None:
             # the tape mirrors the compacted cache: the root's row, then the path's, at the root's position
             # (len(context) - 1, as the chain's verify); off-path rows never reach the drafter
-            drafter.observe_hidden(len(context) - 1, [row.last_id, *path_ids], hidden[mx.array(kept_rows)])
+            kept = mx.array(kept_rows)
+            drafter.observe_hidden(
+                len(context) - 1,
+                [row.last_id, *path_ids],
+                hidden[kept] if hidden is not None else None,
+                taps[kept] if taps is not None else None,
+            )
         on_path = set(verdict.path)
         verify_s = time.perf_counter() - self.started
         yield Verified(
@@ -171,10 +177,8 @@ def propose_tree_row(row: Row, room: int, clock) -> Generator[Event, None, TreeP
         probe=plan.probe and len(tree) > 0,
         decision=plan.decision,
     )
-    # draft=mtp reads the target's hidden states: the tree forward captures them as a chain's verify does
-    from specpipe.engine.engine import HIDDEN
-
-    capture = HIDDEN if row.wants_hidden else None
+    # draft=mtp / eagle3 read the target's hidden states / taps: the tree forward records them as a chain's verify does
+    capture = row.draft_capture
     return TreeProposal(plan, draft, tree, row.cache[0].offset, draft_s, forwards, capture, time.perf_counter())
 
 

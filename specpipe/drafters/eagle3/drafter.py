@@ -8,18 +8,17 @@ comparator keeps the target's distribution exact. The head's KV cache is its own
 None`): each propose first drops the chained pairs of the last step and any pair whose tokens
 left the context, as draft=mtp does (drafters/mtp.py has the worked example).
 
-Where the taps come from: a `HiddenTape` of [n, 3 * H] rows per target cache position. Today the
-pipeline hands drafters only the final hidden state (`needs_hidden` / `observe_hidden`), so the
-drafter taps the target itself: one extra target forward per step over the tokens accepted since
-the last one, on a shadow KV cache of its own (`target_taps` counts them; docs/drafters.md says
-what the pipeline hook that removes this forward looks like). `observe_hidden` already takes
-rows of the tapped width, for that hook.
+Where the taps come from: a `HiddenTape` of [n, num_taps * H] rows per target cache position. The
+drafter's `capture` asks the pipeline's own prefill and verify forwards (chain and tree) to record
+the decoder-layer inputs it reads (`Capture(layers=...)`, engine/layer_taps.py), which reach
+`observe_hidden` as `layer_hidden`: no target forward of its own. Used outside the pipeline (a
+bare propose), a context the tape does not hold costs one uncached target forward over it
+(`target_recomputes` counts them; 0 in a pipeline run).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
@@ -68,13 +67,14 @@ class Eagle3Drafter(DrafterBase):
                 f"{self.source.path}: the head's vocabulary has {cfg.vocab_size} ids, "
                 f"the target's {target.vocab_size}: use the head trained for this target"
             )
-        self.layers = taps  # the pipeline hook would capture these (docs/drafters.md)
+        self.layers = taps
+        self._capture = Capture(layers=taps)  # what the pipeline's forwards record for the head
         self.head_rows = cfg.draft_vocab_size
         # a chained step reads the head alone (its own LM head over the draft vocabulary)
         self.cost_per_token = weight_bytes(self.head) / weight_bytes(target.model)
         self.cached_len = 0
         self.forwards = 0  # head forwards
-        self.target_taps = 0  # the drafter's own target forwards for taps (0 once the pipeline hands them over)
+        self.target_recomputes = 0  # target forwards of its own: the tape lacked the context (0 in a pipeline)
         self._reset()
 
     def _reset(self) -> None:
@@ -82,8 +82,6 @@ class Eagle3Drafter(DrafterBase):
         self._seen: list[int] = []  # context tokens behind the pairs in the head cache
         self._pairs = 0  # pairs (taps[i-1], t[i]) for i = 1.._pairs, with the target's taps
         self.tape = HiddenTape()
-        self._shadow = self.target.make_cache()  # the target cache behind the drafter's own taps
-        self._shadow_ids: list[int] = []
 
     # ---------------------------------------------------------------- the Drafter protocol
 
@@ -91,10 +89,14 @@ class Eagle3Drafter(DrafterBase):
         self._reset()  # the head sees the prompt at the first propose
         self.cached_len = 0
 
-    def observe_hidden(self, start: int, token_ids: list[int], hidden) -> None:
-        """Tapped rows [n, num_taps * H] of `token_ids` at cache positions start.. (the pipeline hook)."""
-        if hidden is not None and hidden.shape[-1] == self.head.cfg.num_taps * self.head.cfg.target_hidden_size:
-            self.tape.write(start, token_ids, hidden)
+    @property
+    def capture(self) -> Capture:
+        return self._capture
+
+    def observe_hidden(self, start: int, token_ids: list[int], hidden, layer_hidden=None) -> None:
+        """The taps [n, num_taps * H] (`layer_hidden`) of `token_ids` fed at cache positions start.."""
+        if layer_hidden is not None:
+            self.tape.write(start, token_ids, layer_hidden)
 
     def rollback(self, kept_len: int) -> int:
         """Chained positions beyond the accepted prefix (for the RolledBack event); the next propose drops them."""
@@ -153,18 +155,12 @@ class Eagle3Drafter(DrafterBase):
                 c.trim(drop)
 
     def _taps(self, context_ids: list[int], begin: int, end: int) -> mx.array:
-        """The target's taps for positions [begin, end): from the tape, else from the drafter's own target
-        forward over the positions its shadow cache lacks (trimmed back to what still matches)."""
+        """The target's taps for positions [begin, end), from the tape; one uncached target forward over
+        the context when the tape does not hold it (a drafter used outside the pipeline)."""
         if not self.tape.covers(context_ids, end):
-            if not can_trim_prompt_cache(self._shadow):
-                raise SpecpipeError(f"draft=eagle3: {self.target.info.name}'s cache cannot be rolled back")
-            keep = min(_common(self._shadow_ids, context_ids[:end]), len(self.tape))
-            trim_prompt_cache(self._shadow, len(self._shadow_ids) - keep)
-            fed = context_ids[keep:end]
-            rows = self.target.forward(fed, self._shadow, capture=Capture(layers=self.layers)).layer_hidden
-            self.target_taps += 1
-            self.tape.write(keep, fed, rows)  # the logits are never evaluated
-            self._shadow_ids = list(context_ids[:end])
+            self.target_recomputes += 1
+            rows = self.target.forward(context_ids[:end], None, capture=self._capture).layer_hidden
+            self.tape.write(0, context_ids[:end], rows)  # its logits are never evaluated
         return self.tape.rows(begin, end)
 
 
