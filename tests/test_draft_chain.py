@@ -195,3 +195,38 @@ def test_recordings_without_a_source_still_read():
     old = b'{"kind":"drafted","t":0.1,"step":1,"k":2,"draft_ids":[5,6],"seconds":0.01}'
     event = msgspec.json.Decoder(Event).decode(old)
     assert isinstance(event, Drafted) and event.source == ""
+
+
+# ---------------------------------------------------------------- sources that read the target's forwards
+
+
+def test_heads_in_a_chain_get_every_verifys_hidden_states_and_taps(tmp_path):
+    """An MTP head (final hidden states) and an EAGLE-3 head (layer taps) behind the n-gram: lossless, and
+    their tapes hold the whole context on steps the n-gram drafted (no target forward of their own)."""
+    from eagle3_tiny import head_config, random_weights, write
+
+    from specpipe.drafters.mtp_head import new_head, save_head
+    from specpipe.engine.introspect import llama_parts
+    from specpipe.engine.load.loader import load_engine
+
+    target = load_engine("tiny-random", precision="float32", arch="llama", seed=0, tiny={"num_hidden_layers": 8})
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    baseline, _ = run(target, NoneDrafter(), FixedBudget(k=1), prompt)
+    inner, _ = llama_parts(target.model, "mtp")
+    head, _ = new_head(inner)
+    save_head(head, tmp_path / "mtp", {"target": {"name": target.info.name, "sha256": target.info.sha256}})
+    cfg = head_config()
+    eagle = write(tmp_path / "eagle3", "eagle", cfg, random_weights(cfg, seed=1))
+    drafter = chain(
+        target, None, ["ngram", "mtp", "eagle3"], mtp={"head": str(tmp_path / "mtp")}, eagle3={"path": str(eagle)}
+    )
+    assert drafter.capture is not None and drafter.capture.hidden and drafter.capture.layers
+    for budget in (FixedBudget(k=4), prepared(AutoBudget(), target, drafter)):
+        final, drafted = run(target, drafter, budget, prompt)
+        assert final.token_ids == baseline.token_ids, first_difference(
+            target, prompt, baseline.token_ids, final.token_ids
+        )
+        assert "ngram" in {e.source for e in drafted}
+    mtp, eagle3 = drafter.sources[1:]
+    assert mtp.forwards > 0 and eagle3.forwards > 0, "probe_every=1: each head drafted now and then"
+    assert mtp.target_recomputes == 0 and eagle3.target_recomputes == 0  # type: ignore[attr-defined]
