@@ -90,6 +90,9 @@ def test_rows_that_keep_different_columns_join_and_leave_equal_each_row_alone(ar
     rows.leave([3, 0, 2])  # row 1 leaves (a client gone), the rest reorder
     rows.step([[1, 2, 3], [5], [7, 7]], [3, 1, 2])
     rows.batch.compact()  # holes squeezed out: each row's kept columns only
+    sliding = [layer for layer in rows.batch.layers if getattr(layer, "window", None)]
+    assert len(sliding) == arch.startswith("gemma3")  # gemma3's sliding layer keeps its last columns only
+    assert all(0 < layer.first_column <= rows.batch.idx - 63 for layer in sliding)
     rows.step([[9, 8, 7, 6], [2, 2], [3]], [2, 2, 1])
     rows.step([[1], [4], [5]], [1, 1, 1])
     assert not arch.startswith("gemma3") or rows.dropped > 0, (
@@ -178,3 +181,28 @@ def test_where_every_layer_has_a_window_the_batch_stays_one_window_long(which):
             rows.join(tokens(2, 30))
             rows.leave([2, 0])
     assert min(len(c) for c in rows.contexts) > 16
+
+
+def test_gemma3s_sliding_layers_free_the_columns_past_every_rows_window(monkeypatch):
+    """Between compactions too: once a block of columns lies before every row's window, the sliding layer
+    frees it (blocks of GROW, 8 here) while the global layer keeps every column; rows that join later (longer
+    than the batch, or after a long row left) still find their whole window, and each row equals alone."""
+    from specpipe.batch import cache
+
+    monkeypatch.setattr(cache, "GROW", 8)
+    rows = Rows(tiny("gemma3_text"))
+    rows.join(tokens(1, 10))
+    rows.join(tokens(0, 70))  # longer than the batch's 10 columns: holes before the first row, none dropped
+    for s in range(30):
+        if s == 4:
+            rows.leave([0])  # the long row leaves: the short one's window starts late, yet room is kept
+        if s == 12:
+            rows.join(tokens(2, 66))  # its window reaches 63 columns back from the write column
+        if s == 20:
+            rows.batch.compact()
+            rows.join(tokens(3, 130))  # longer than the compacted batch
+        fed = [[5, 9, 3 + s], [6, 4, 2], [7, 1 + s, 8]][: rows.batch.size]
+        rows.step(fed, [3, 1 + s % 3, 2 - s % 2][: rows.batch.size])
+    sliding, full = (next(layer for layer in rows.batch.layers if (layer.window is None) == g) for g in (False, True))
+    assert sliding.first_column > 0 and full.first_column == 0
+    assert sliding.keys.shape[2] < full.keys.shape[2] - 8

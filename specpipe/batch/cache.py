@@ -217,6 +217,7 @@ class RaggedBatch:
         self.offsets = self.offsets + np.asarray(kept, dtype=np.int32)
         self.idx += n
         self._forget_past_window()
+        self._drop_columns(at_least=GROW)  # in blocks: each drop copies the window layers' buffers
 
     def _forget_past_window(self) -> None:
         """Where every attention layer has a window (kv=window, recurrent_gemma), a column no later query of
@@ -230,6 +231,25 @@ class RaggedBatch:
             return
         reach = self.offsets - max(w for w in windows if w is not None)  # [B]: keys at or before it are out
         self.valid[:, : self.idx] &= self.pos[:, : self.idx] > reach[:, None]
+
+    def _first_needed_column(self, window: int) -> int:
+        """The first column a layer of this window must still hold: the first some row's next query can see,
+        and never past the last window - 1 columns (a row joining next brings its window there).
+
+        Example (window 4, rows at next positions 10 and 6): row 0 needs positions 7.. , row 1 positions 3..;
+        the first column holding either is the answer.
+        """
+        reach = self.offsets - window  # [B]: a row's keys at or before it are outside its queries' window
+        live = (self.valid[:, : self.idx] & (self.pos[:, : self.idx] > reach[:, None])).any(axis=0)
+        first = int(np.argmax(live)) if live.any() else self.idx
+        return min(first, max(0, self.idx - window + 1))
+
+    def _drop_columns(self, at_least: int) -> None:
+        """Free each sliding-window layer's columns before its first needed one, once `at_least` of them are
+        (its buffer then starts at `first_column`; global layers keep every column)."""
+        for layer in self.layers:
+            if isinstance(layer, LayerCache) and layer.window is not None:
+                layer.drop_before(self._first_needed_column(layer.window), at_least)
 
     def holes(self) -> int:
         """Columns written that no row attends to, summed over rows."""
@@ -252,6 +272,7 @@ class RaggedBatch:
             layer.gather(gather)
         self.pos = np.take_along_axis(self.pos[:, : self.idx], index, axis=1) if self.size else self.pos[:, :0]
         self.valid, self.idx = valid, width
+        self._drop_columns(at_least=1)  # right-aligned now: a window layer keeps its last columns only
 
 
 class LayerCache:
@@ -267,6 +288,9 @@ class LayerCache:
         # a sliding-window layer's window (its rows' WindowKVCache's): engine/positions.py's FedCache masks
         # by it, as it does a window the model names (gemma3); kv=window's layers are known only this way
         self.window: int | None = None
+        # the column the buffer starts at: a window layer frees the columns before every row's window
+        # (`drop_before`), so on gemma3 its sliding layers stay about a window long while global ones grow
+        self.first_column = 0
 
     @property
     def columns(self) -> int:
@@ -277,7 +301,7 @@ class LayerCache:
         return self.batch.offsets  # [B]: each row's next position
 
     def column_positions(self) -> mx.array:
-        return self.batch.column_positions()
+        return self.batch.column_positions()[:, self.first_column :]  # the columns this layer holds
 
     @property
     def state(self):
@@ -288,7 +312,7 @@ class LayerCache:
         raise ValueError("a RaggedBatch is fed through Engine.forward(ids, batch.layers, positions=, mask=)")
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        start, n = self.batch.idx, keys.shape[2]
+        start, n = self.batch.idx - self.first_column, keys.shape[2]
         if self.keys is None or start + n > self.keys.shape[2]:
             self._grow(keys, values, start + n)
         self.keys[..., start : start + n, :] = keys
@@ -321,14 +345,17 @@ class LayerCache:
             return  # nothing prefilled anywhere yet: the first forward allocates
         like_k = self.keys if self.keys is not None else solo.keys
         like_v = self.values if self.values is not None else solo.values
-        width = self.keys.shape[2] if self.keys is not None else idx
+        end = idx - self.first_column  # the buffer's column for idx
+        width = self.keys.shape[2] if self.keys is not None else end
         H, Dk, Dv = like_k.shape[1], like_k.shape[3], like_v.shape[3]
         row_k = mx.zeros((1, H, width, Dk), like_k.dtype)
         row_v = mx.zeros((1, H, width, Dv), like_v.dtype)
         held = P - getattr(solo, "start", 0)
-        if held:
-            row_k[..., idx - held : idx, :] = solo.keys[..., :held, :]
-            row_v[..., idx - held : idx, :] = solo.values[..., :held, :]
+        # its columns before the buffer's first lie outside the row's window (`_first_needed_column`)
+        skip = min(held, max(0, self.first_column - (idx - held)))
+        if held > skip:
+            row_k[..., end - held + skip : end, :] = solo.keys[..., skip:held, :]
+            row_v[..., end - held + skip : end, :] = solo.values[..., skip:held, :]
         if self.keys is None:  # rows already here had nothing prefilled: holes for them
             B = self.batch.size
             self.keys = mx.zeros((B, H, width, Dk), like_k.dtype)
@@ -342,16 +369,32 @@ class LayerCache:
             self.keys, self.values = self.keys[index], self.values[index]
 
     def pad_left(self, m: int, idx: int) -> None:
+        """m hole columns before column 0 (a longer row joins; idx: the columns written before it)."""
         if self.keys is None:
             return
+        if self.window is not None and self.first_column + m <= max(0, idx + m - self.window + 1):
+            self.first_column += m  # the new columns lie before the buffer, outside every window: nothing moves
+            return
         pad = [(0, 0), (0, 0), (m, 0), (0, 0)]
-        self.keys = mx.pad(self.keys[..., :idx, :], pad)
-        self.values = mx.pad(self.values[..., :idx, :], pad)
+        self.keys = mx.pad(self.keys[..., : idx - self.first_column, :], pad)
+        self.values = mx.pad(self.values[..., : idx - self.first_column, :], pad)
 
     def gather(self, index: mx.array) -> None:
+        """Take these columns (compaction's [B, 1, width, 1] index); the buffer then starts at column 0."""
         if self.keys is not None:
+            if self.first_column:  # a column before the buffer is a hole or past its row's window: masked
+                index = mx.maximum(index - self.first_column, 0)
             self.keys = mx.take_along_axis(self.keys, index, axis=2)
             self.values = mx.take_along_axis(self.values, index, axis=2)
+            self.first_column = 0
+
+    def drop_before(self, column: int, at_least: int) -> None:
+        """Free the buffer's columns before `column` (no row's window reaches them) once `at_least` would go."""
+        if self.keys is None or column - self.first_column < max(at_least, 1):
+            return
+        cut = column - self.first_column
+        self.keys, self.values = self.keys[..., cut:, :], self.values[..., cut:, :]
+        self.first_column = column
 
 
 class RecurrentLayer(ArraysCache):

@@ -124,7 +124,9 @@ class FedCache:
         inner = self._inner
         windows = [w for w in (getattr(inner, "window", None), window_size) if w]
         window = min(windows) if windows else None
-        first = inner.next_start() if isinstance(inner, WindowKVCache) else 0  # columns the update will drop
+        # the columns before the layer's buffer: what a WindowKVCache's update will drop, or what a batch's
+        # window layer already freed (batch/cache.py LayerCache.first_column)
+        first = inner.next_start() if isinstance(inner, WindowKVCache) else getattr(inner, "first_column", 0)
         mask = self._mask[..., first:]  # [rows, n, L - first]
         if window is not None:
             keys = mx.concatenate(
