@@ -230,3 +230,66 @@ def test_heads_in_a_chain_get_every_verifys_hidden_states_and_taps(tmp_path):
     mtp, eagle3 = drafter.sources[1:]
     assert mtp.forwards > 0 and eagle3.forwards > 0, "probe_every=1: each head drafted now and then"
     assert mtp.target_recomputes == 0 and eagle3.target_recomputes == 0  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- pricing
+
+
+def test_a_price_skips_what_cannot_pay_and_probes_after_probe_every():
+    from specpipe.drafters.source_price import SourcePrice
+
+    dear = SourcePrice(c=1.0)  # a drafted token costs a whole target forward: never beats a plain step
+    assert [dear.k_to_draft(8, slope=0.0, probe_every=3) for _ in range(5)] == [0, 0, 0, 8, 0]
+    cheap = SourcePrice(c=0.3)
+    for _ in range(20):
+        cheap.observe(8, 8)  # every draft held entirely
+    assert cheap.k_to_draft(8, slope=0.02, probe_every=3) == 8
+    for _ in range(20):
+        cheap.observe(8, 0)  # then none held (the continuation, untested, stays where it was: bursty drafts)
+    assert cheap.k_to_draft(8, slope=0.02, probe_every=3) == 0
+    cheap.charge(draft_s=0.4, drafted=4, t1_s=0.1)  # 0.1 s per token over a 0.1 s target forward: c -> 1
+    assert cheap.c == pytest.approx(0.9 * 0.3 + 0.1 * 1.0) and cheap.timed == 1
+
+
+def test_a_free_draft_whose_class_does_not_pay_hands_the_step_to_the_next_source():
+    """Once verifies cost something (auto's t_verify), an n-gram class that never holds is cut to nothing
+    and the model drafts instead; with the class's rates good the n-gram keeps the step."""
+    from specpipe.events import BudgetDecision
+
+    target = tiny("llama")
+    draft = noisy_copy(target, scale=0.5)
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    drafter = chain(target, draft, ["ngram", "model"])
+    drafter.prices[1].c = 0.05
+    drafter.use_rollback(TrimRollback())
+    drafter.prefill(prompt)
+    plan = StepPlan(k=4, decision=BudgetDecision(k=4, reason="cost model", t_verify=2.0))  # slope 0.25
+    first = drafter.propose(prompt, plan)
+    assert first.source == "ngram", "the repeated prompt matches"
+    evidence = drafter.last_evidence
+    assert evidence is not None
+    price = drafter._class_price(0, evidence)
+    for _ in range(30):
+        price.observe(4, 0)
+    drafter.rollback(len(prompt))
+    assert drafter.propose(prompt, plan).source == "model"
+    for _ in range(60):
+        price.observe(4, 4)
+    drafter.rollback(len(prompt))
+    assert drafter.propose(prompt, plan).source == "ngram"
+
+
+def test_the_chat_panel_names_the_source_of_the_latest_step():
+    from specpipe.events import Verified
+    from tui.figures import Figures
+
+    figures = Figures()
+    for event in (
+        Drafted(t=0.1, step=1, k=4, draft_ids=[1, 2, 3], seconds=0.0, source="ngram"),
+        Verified(t=0.2, step=1, accepted_ids=[1, 2], rejected_ids=[3], recovered_id=9, seconds=0.0),
+        Drafted(t=0.3, step=2, k=4, draft_ids=[5, 6], seconds=0.0, source="model"),
+        Verified(t=0.4, step=2, accepted_ids=[5, 6], rejected_ids=[], bonus_id=7, seconds=0.0),
+    ):
+        figures.consume(event)
+    rows = dict(figures.rows())
+    assert rows["K"] == "4 (model)" and rows["sources"] == "ngram 2/3, model 2/2"
