@@ -131,7 +131,8 @@ def test_the_default_tree_is_the_chain_as_one_branch(setup):
     assert trees and all(d.tree_parents == list(range(-1, len(d.draft_ids) - 1)) for d in trees)
 
 
-def test_the_one_forward_takes_one_row_and_says_so_for_more():
+def test_rows_without_a_shared_batch_are_refused():
+    """Several rows share one forward only as rows of one RaggedBatch (tests/test_batch.py); alone, one row."""
     target = tiny("llama")
     row = Row(
         context=[1, 2, 3],
@@ -145,7 +146,7 @@ def test_the_one_forward_takes_one_row_and_says_so_for_more():
         max_tokens=4,
         stop_ids=set(),
     )
-    with pytest.raises(NotImplementedError, match="2 rows in one forward"):
+    with pytest.raises(ValueError, match="2 rows without a shared batch"):
         forward_rows(target, [row, replace(row)], [None, None])
 
 

@@ -9,8 +9,11 @@ a row with tree parts drafts trees (trees/proposal.py), any other a chain (core/
 newest token (`last_id`), which the next step feeds first; `row.finished` says "eos" when a stop id cut it.
 
 The shape is vLLM v1's: a proposer per row, one forward over the rows' flattened tokens, a rejection
-sampler (the comparator) per row. `forward_rows` runs one row today; B rows in one forward need
-per-row positions and masks (`Engine.forward(positions=, mask=)`) and batched caches.
+sampler (the comparator) per row. A row alone (`batch` None) is fed through its own cache, exactly the
+chain / tree forward of one request. Rows of one batch (batch/cache.py RaggedBatch: `row.batch`, every row of
+it in the step, in its order) share ONE `Engine.forward` over [B, N]: each row's [last_id, *fed] padded to
+N, at its own positions under its own mask; after every row settled, the batch commits once what each row
+kept (`commit(kept, N)`: a batched row's rollback is the mask, its rejected and padding columns holes).
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import mlx.core as mx
+import numpy as np
+
 from specpipe.core.plan import StepPlan
 from specpipe.core.proposal import ChainProposal, propose_chain
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.stages.verify import verify
+from specpipe.engine.engine import Capture, ForwardResult
 from specpipe.events import DraftPrefilled, Emitted, Event
 
 if TYPE_CHECKING:
@@ -46,6 +53,8 @@ class Row:
         state, draft=eagle3's layer taps); every verify records it and hands it to `observe_hidden`. None: nothing.
     k_override: RunControl's K for this step (None: the budget plans).
     detok: the target tokenizer's streaming detokenizer, for the Emitted text.
+    batch: the RaggedBatch whose row this is (its `cache` unused: the batch holds it), or None: a row alone.
+    clock: this row's own clock (a batched row's events count from its admission); None: the step's.
     """
 
     context: list[int]
@@ -65,6 +74,8 @@ class Row:
     output: list[int] = field(default_factory=list)
     step: int = 0
     finished: str = ""  # "eos" once a stop id ended the row; "" while it runs
+    batch: Any = None
+    clock: Callable[[], float] | None = None
 
     @property
     def last_id(self) -> int:
@@ -84,13 +95,20 @@ def step(target, rows: list[Row], clock: Callable[[], float]) -> Iterator[tuple[
         rows: the running rows (unfinished, with room for a token).
         clock: seconds since the run started, for the events' `t`.
     """
+    if not rows:
+        return
     proposals: list[ChainProposal | TreeProposal] = []
     for row in rows:  # ---- plan + propose: each row's budget and drafter
-        proposals.append((yield from _tagged(row, _propose(target, row, clock))))
+        proposals.append((yield from _tagged(row, _propose(target, row, row.clock or clock))))
     results = forward_rows(target, rows, proposals)  # ---- verify: one target forward
+    kept = []
     for row, proposal, result in zip(rows, proposals, results):  # ---- compare, commit, bonus, emit: per row
-        new_ids, n = yield from _tagged(row, proposal.settle(target, row, result, clock))
-        yield from _tagged(row, _emit(row, new_ids, n, clock))
+        new_ids, n = yield from _tagged(row, proposal.settle(target, row, result, row.clock or clock))
+        kept.append(len(new_ids))  # accepted drafts + the next token: the columns of its forward it keeps
+        yield from _tagged(row, _emit(row, new_ids, n, row.clock or clock))
+    if rows[0].batch is not None:  # the batch's one commit: every row's unkept columns become holes
+        n = 1 + max(len(p.fed_ids) for p in proposals)
+        rows[0].batch.commit(kept, n, states=results[0].states)  # recurrent rows: each its state at kept[b]
 
 
 def forward_rows(target, rows: list[Row], proposals: list) -> list[ForwardResult]:
@@ -98,17 +116,62 @@ def forward_rows(target, rows: list[Row], proposals: list) -> list[ForwardResult
 
     Returns per row its ForwardResult ([n + 1, vocab] logits, root first; hidden states when captured).
     """
-    if len(rows) != 1:
-        raise NotImplementedError(
-            f"forward_rows: {len(rows)} rows in one forward need Engine.forward(positions=, mask=) over batched "
-            "caches (issue 34); pass one row per step"
-        )
-    (row,), (proposal,) = rows, proposals
-    if proposal.tree is None:
-        return [verify(target, row.cache, row.last_id, proposal.fed_ids, proposal.capture)]
-    from specpipe.trees.forward import tree_forward
+    if rows[0].batch is None:
+        if len(rows) != 1:
+            raise ValueError(f"forward_rows: {len(rows)} rows without a shared batch (RaggedBatch): one row alone")
+        (row,), (proposal,) = rows, proposals
+        if proposal.tree is None:
+            return [verify(target, row.cache, row.last_id, proposal.fed_ids, proposal.capture)]
+        from specpipe.trees.forward import tree_forward
 
-    return [tree_forward(target, row.cache, row.last_id, proposal.tree, proposal.capture)]
+        return [tree_forward(target, row.cache, row.last_id, proposal.tree, proposal.capture)]
+    return _forward_batch(target, rows, proposals)
+
+
+def _forward_batch(target, rows: list[Row], proposals: list) -> list[ForwardResult]:
+    """The rows of one RaggedBatch in one forward over [B, N]: each row's [last_id, *fed] padded to N."""
+    batch = rows[0].batch
+    if batch.size != len(rows) or any(r.batch is not batch for r in rows):
+        raise ValueError(f"forward_rows: {len(rows)} rows of a batch of {batch.size}: every row of it steps, in order")
+    if any(p.tree is not None for p in proposals):
+        raise NotImplementedError("a token tree inside a batch: tree rows are served one request at a time")
+    fed = [[row.last_id, *p.fed_ids] for row, p in zip(rows, proposals)]
+    n = max(len(f) for f in fed)
+    ids = np.zeros((len(rows), n), dtype=np.uint32)  # padding columns are never kept (the commit's holes)
+    for b, f in enumerate(fed):
+        ids[b, : len(f)] = f
+    capture = _joint_capture([p.capture for p in proposals], batch.state_capture())
+    started = time.perf_counter()
+    for p in proposals:
+        p.started = started  # a row's verify seconds: the shared forward's, not the later rows' drafting too
+    result = target.forward(ids, batch.layers, capture=capture, positions=batch.positions(n), mask=batch.mask(n))
+    lazy = [result.logits, *(a for a in (result.hidden, result.layer_hidden) if a is not None)]
+    mx.eval(lazy, [layer.state for layer in batch.layers])
+
+    def part(a, b: int, m: int):
+        return a[b, :m] if a is not None else None
+
+    return [
+        ForwardResult(
+            logits=result.logits[b, : len(f)],
+            hidden=part(result.hidden, b, len(f)),
+            layer_hidden=part(result.layer_hidden, b, len(f)),
+            states=result.states,  # the whole batch's: its commit picks each row's
+        )
+        for b, f in enumerate(fed)
+    ]
+
+
+def _joint_capture(captures: list, states) -> Capture | None:
+    """One capture for the batch's forward: hidden states or layer taps when any row's drafter asks (all rows
+    get them), and the batch's per-position recurrent states when it has recurrent layers (`states`)."""
+    asked = [c for c in captures if c is not None]
+    if not asked and states is None:
+        return None  # the plain forward: nothing recorded
+    layers = {c.layers for c in asked if c.layers}
+    if len(layers) > 1:
+        raise ValueError(f"rows of one batch tap different layers: {sorted(layers)}")
+    return Capture(hidden=any(c.hidden for c in asked), states=states, layers=layers.pop() if layers else ())
 
 
 def _propose(target, row: Row, clock) -> Generator[Event, None, ChainProposal | TreeProposal]:
