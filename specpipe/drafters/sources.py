@@ -232,7 +232,9 @@ class ChainDrafter(DrafterBase):
                 draft = _cut(draft, keep)
             if not draft.token_ids:
                 continue
-            if not self.free[i]:
+            if not self.free[i] and draft.catchup_tokens <= 1:
+                # timed only where it drafted the step before or so: a draft model catching up on the tokens
+                # other sources drafted feeds them in its first forward, which is not a drafted token's cost
                 self.prices[i].charge(draft_s, len(draft.token_ids), self._t1_s)
             evidence_free = self.free[i] or s.evidence_is_free
             self.last_evidence = s.last_evidence if evidence_free or not self.evidence_is_free else None
