@@ -4,8 +4,8 @@ their solo draft=none decoding, and each step's budget decision is logged."""
 
 from __future__ import annotations
 
-from specpipe.batch.budget import BatchBudget
-from specpipe.batch.decoder import BatchDecoder
+from specpipe.batch.decoder import BatchDecoder, RowPlugins
+from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.drafters.ngram import NgramDrafter
@@ -14,11 +14,10 @@ from specpipe.serve.batch_worker import BatchWorker
 from specpipe.serve.prometheus import Metrics
 from specpipe.serve.worker import Job
 from tests.conftest import generate, tiny
-from tests.test_batch import auto
 
 
 def plugins(seed, **sampling):
-    return NgramDrafter(min_n=1, max_n=3), GreedyComparator(), GreedyBonus(), True
+    return RowPlugins(NgramDrafter(min_n=1, max_n=3), GreedyComparator(), GreedyBonus(), budget=FixedBudget(4))
 
 
 def solo_text(target, prompt_ids: list[int], max_tokens: int) -> str:
@@ -51,7 +50,6 @@ def test_a_long_prompt_joins_over_several_steps_while_another_row_decodes():
     decoder.stop_ids = set()
     worker = BatchWorker(
         decoder,
-        BatchBudget(4),
         max_batch=4,
         max_waiting=4,
         metrics=Metrics(),
@@ -79,22 +77,28 @@ def test_a_long_prompt_joins_over_several_steps_while_another_row_decodes():
     assert all({"k", "reason", "batch", "positions", "verify_s"} <= set(s) for s in steps)
 
 
-def test_auto_batches_log_each_decision_and_stay_exact():
-    """budget=auto's batch form in the worker: n-gram rows look back on plain steps, every step's
-    K and reason is logged, and every answer equals its solo draft=none decoding."""
-    import numpy as np
+def test_auto_rows_log_each_decision_and_stay_exact(tmp_path, monkeypatch):
+    """budget=auto per row in the worker: each row's own budget plans its K (n-gram rows look back on
+    plain steps), every step logs each row's K and reason, and every answer equals its solo draft=none
+    decoding."""
+    from specpipe.budgets.auto import AutoBudget
 
-    from specpipe.batch.costs import CostTable
-
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))  # the device curve is timed into a fresh cache
     target = tiny("llama")
     texts = ["the cat sat on the mat, the cat sat on the", "def f(x):\n    return x + 1\n\ndef g(x):\n    return"]
     prompts = [target.encode_prompt(t, chat=False) for t in texts]
-    costs = CostTable([1, 2], [1, 2, 9], np.array([[1.0, 1.05, 1.5], [1.2, 1.3, 2.0]]))  # drafting is cheap
-    budget = auto(8, costs, hindsight=True)
+    budgets = []
+
+    def auto_plugins(seed, **sampling):
+        drafter, budget = NgramDrafter(min_n=1, max_n=3), AutoBudget(k_max=8, quick=True)
+        budget.prepare(target, drafter)
+        budgets.append(budget)
+        return RowPlugins(drafter, GreedyComparator(), GreedyBonus(), budget=budget)
+
     steps: list[dict] = []
-    decoder = BatchDecoder(target, plugins)
+    decoder = BatchDecoder(target, auto_plugins)
     decoder.stop_ids = set()
-    worker = BatchWorker(decoder, budget, max_batch=2, max_waiting=2, log_step=steps.append)
+    worker = BatchWorker(decoder, max_batch=2, max_waiting=2, log_step=steps.append)
     try:
         jobs = [Job(prompt_ids=p, max_tokens=40) for p in prompts]
         for job in jobs:
@@ -104,7 +108,7 @@ def test_auto_batches_log_each_decision_and_stay_exact():
         worker.close()
     for prompt, finished in zip(prompts, done):
         assert finished.completion_tokens == 40 and finished.text == solo_text(target, prompt, 40)
-    assert {s["reason"] for s in steps} <= {"plain", "cost"} and all(
-        "alpha" in s and "continuation" in s for s in steps
-    )
-    assert any(s["k"] > 0 for s in steps)
+    assert len(budgets) == 2 and budgets[0] is not budgets[1]  # one budget per row
+    assert all({"k", "reason", "batch", "rows", "positions", "verify_s"} <= set(s) for s in steps)
+    assert all(len(s["rows"]) == s["batch"] and all("reason" in r for r in s["rows"]) for s in steps)
+    assert {r["reason"] for s in steps for r in s["rows"]} - {"first token"}  # the budgets planned, not only overrides

@@ -225,10 +225,10 @@ def test_metrics_are_prometheus_text(small):
 @pytest.mark.parametrize(
     "overrides,why",
     [
-        (["model.arch=qwen3_next", "draft=ngram"], "batching needs plain attention KV caches"),  # recurrent layers
-        (["draft=model", "draft.model=self"], "draft=model keeps a model cache per request"),
+        (["model.arch=llama4", "draft=ngram"], "a batch holds plain, sliding-window and recurrent layers only"),
+        (["draft=ngram", "tree=dynamic"], "token trees are verified one request at a time"),
     ],
-    ids=["hybrid-target", "model-drafter"],
+    ids=["chunked-attention-target", "tree"],
 )
 def test_an_unbatchable_server_says_so_and_serves_one_request_at_a_time(tmp_path, overrides, why):
     """Batching is refused in one line at start; batch 1 serves, feeding /metrics and the request log."""

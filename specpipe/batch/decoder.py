@@ -1,22 +1,24 @@
-"""Batched speculative decoding: one target forward verifies the drafts of every active request.
+"""Batched speculative decoding: the one step (core/step.py) over every active request, one target forward.
 
 Contract: `BatchDecoder(target, plugins)`; `add(prompt_ids, max_tokens, seed)` prefills one
 request alone and puts it in the batch (continuous batching: rows join and leave between any
 two steps; `begin` / `Joining.prefill(n)` / `join` do the same a chunk at a time, so a server
-can interleave a long prompt's prefill with the active rows' steps). `step(k)` lets each row's
-own drafter propose up to k tokens, runs ONE target forward over B rows x (1 + longest draft)
-positions (shorter drafts padded; padding is never kept), compares each row with its own
-comparator and seeded sampler, keeps per row what it accepted (`RaggedBatch.commit`: rejected
-columns become masked holes, no copy) and returns what every row emitted; finished rows leave
-the batch. A greedy row emits exactly the tokens that request gets decoded alone with
-`draft=none` (tests/test_batch.py). Never touches HTTP.
+can interleave a long prompt's prefill with the active rows' steps). `step(k=None)` runs
+`core.step.step` over every row: each row's own budget plans (or `k` for every row, a row's own
+`k` from `begin` first), its own drafter proposes (a draft model, an MTP head, layer skip keep
+their caches per row), ONE target forward runs over B rows x N positions (shorter drafts padded;
+padding is never kept), each row's comparator and bonus settle it, and the batch keeps per row
+what it accepted (`RaggedBatch.commit`: rejected columns become masked holes, no copy). Finished
+rows leave the batch. A greedy row emits exactly the tokens that request gets decoded alone with
+`draft=none` (tests/test_batch.py); a seeded sampled row what it gets alone with that seed. This
+module only adapts: joins and leaves, prefill a chunk at a time, the rows' events into StepReports.
+Never touches HTTP.
 
 Events: every row yields what a chain run yields (events.py), on the row's own clock (t = 0 when
-it was admitted, `begin`): PrefillDone once it joins, then per step Drafted, Verified (the
-step's verify seconds, shared by every row of the forward), RolledBack (strategy "mask": the
-rejected and padding columns became masked holes; the seconds of the shared commit) and
-Emitted, and RunFinished once it ends (`Row.result`). A row's figures come from metrics.py's
-StatsCollector over those events (`Row.collector`), never from counters kept beside them.
+it was admitted, `begin`): PrefillDone once it joins, then per step [DraftPrefilled], Drafted,
+Verified (the shared forward's seconds), RolledBack (strategy "mask": the rejected columns became
+masked holes) and Emitted, and RunFinished once it ends (`Row.result`). A row's figures come from
+metrics.py's StatsCollector over those events (`Row.collector`), never from counters kept beside them.
 """
 
 from __future__ import annotations
@@ -25,43 +27,51 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
-from mlx_lm.models.cache import KVCache
+import msgspec
 
-from specpipe.batch.cache import RaggedBatch
-from specpipe.core.pipeline import cut
-from specpipe.core.plan import StepPlan
-from specpipe.core.stages.compare import first_false
-from specpipe.core.stages.draft import Draft
-from specpipe.events import BudgetDecision, Drafted, Emitted, Event, PrefillDone, RolledBack, RunFinished, Verified
+from specpipe.batch.cache import RaggedBatch, storage_refusal
+from specpipe.core.protocols import RollbackBase
+from specpipe.core.step import Row as StepRow
+from specpipe.core.step import step as one_step
+from specpipe.engine.engine import joined_rows
+from specpipe.events import Drafted, Emitted, Event, PrefillDone, RunFinished, Verified
 from specpipe.metrics import StatsCollector
 
-BATCHABLE_DRAFTERS = ("none", "ngram")  # drafters without a model cache of their own
+
+def refusal(target) -> str | None:
+    """Why this target cannot be batched (one line naming what to use), or None when it can.
+
+    Every drafter batches (each row proposes with its own); what cannot is a cache layer the batch's
+    storage cannot hold (batch/cache.py: plain, sliding-window and recurrent layers are held)."""
+    return storage_refusal(target)
 
 
-def refusal(target, drafter_name: str) -> str | None:
-    """Why this target / drafter cannot be batched (one line), or None when it can."""
-    kinds = {type(c).__name__ for c in target.make_cache()}
-    if kinds != {KVCache.__name__}:
-        return (
-            f"{target.info.name} has {'/'.join(sorted(kinds - {KVCache.__name__}))} layers (recurrent or "
-            "sliding-window state): batching needs plain attention KV caches"
-        )
-    if drafter_name not in BATCHABLE_DRAFTERS:
-        return f"draft={drafter_name} keeps a model cache per request: batching supports draft=none / ngram"
-    return None
+@dataclass
+class RowPlugins:
+    """One request's own plug-ins: what `Session` builds, fresh for each row.
+
+    budget: plans each step of this row (None: a fixed K given to `step(k)` or `begin(k=)`).
+    rollback: the strategy the drafter rolls its own cache back with (None: trim); the target's is the batch mask.
+    """
+
+    drafter: Any
+    comparator: Any
+    bonus: Any
+    greedy: bool = True
+    budget: Any = None
+    rollback: Any = None
 
 
 def session_plugins(session):
-    """(seed, temperature=, top_p=) -> (drafter, comparator, bonus, greedy): what `Session` builds,
-    fresh for each row; None keeps the server's configured value."""
+    """(seed, temperature=, top_p=) -> RowPlugins, built from `session.cfg` as `Session` builds its own,
+    sharing the loaded models (a draft model's weights, not its cache); None keeps the server's value."""
     from specpipe.core.sampling import Sampler
     from specpipe.session import build_plugin, comparator_and_bonus
 
     cfg = session.cfg
+    draft_engine = session.drafter.engine
 
-    def plugins(seed: int | None, temperature: float | None = None, top_p: float | None = None):
+    def plugins(seed: int | None, temperature: float | None = None, top_p: float | None = None) -> RowPlugins:
         s = cfg.sampling
         sampler = Sampler(
             s.temperature if temperature is None else temperature,
@@ -70,31 +80,65 @@ def session_plugins(session):
             s.min_p,
             s.seed if seed is None else seed,
         )
-        drafter = build_plugin(cfg.draft, "draft", target=session.target, load=None, sampler=sampler)
+        budget = build_plugin(cfg.budget, "budget")
+        floor = {"p_min": budget.p_min} if budget.p_min > 0 else {}
+        drafter = build_plugin(
+            cfg.draft, "draft", target=session.target, load=lambda **_: draft_engine, sampler=sampler, **floor
+        )
+        budget.prepare(session.target, drafter)  # budget=auto: the device's curves, cached since the session's
         comparator, bonus = comparator_and_bonus(cfg, sampler)
-        return drafter, comparator, bonus, sampler.greedy
+        rollback = build_plugin(cfg.rollback, "rollback")
+        return RowPlugins(drafter, comparator, bonus, sampler.greedy, budget, rollback)
 
     return plugins
 
 
-@dataclass
-class Row:
-    """One request in the batch: its context, its own drafter / comparator / sampler, its figures."""
+class MaskRollback(RollbackBase):
+    """A batched row's target rollback: nothing to do here; the batch's commit masks what the row did not keep."""
 
-    prompt_ids: list[int]
-    max_tokens: int
-    drafter: Any
-    comparator: Any
-    bonus: Any
-    greedy: bool
-    detok: Any
-    context: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    finished: str | None = None  # "eos" | "max_tokens" | "stopped"
+    name = "mask"
+
+    def check(self, cache: list, role: str) -> None:
+        pass  # a RaggedBatch: any row can keep any prefix of its columns
+
+    def before_forward(self, cache: list):
+        return None  # nothing recorded: the columns stay, masked
+
+    def rollback(self, cache: list, n_drop: int, *, engine=None, fed_ids=None) -> None:
+        self.dropped += n_drop
+
+
+class _FixedK:
+    """The budget of a row planned only by K overrides (`step(k)`, `begin(k=)`): nothing to learn."""
+
+    name = "fixed"
+    label_params: tuple[str, ...] = ()
+    p_min = 0.0
+    first_token_plain = False
+
+    def plan(self, cache_len: int, room: int):
+        raise AssertionError("a row without a budget steps only with a K (step(k) or begin(k=))")
+
+    def observe(self, drafted: int, accepted: int, *, draft_s=None, verify_s=None) -> None:
+        pass
+
+    def observe_hindsight(self, checked: int, matched: int, evidence=None) -> None:
+        pass
+
+
+@dataclass
+class Row(StepRow):
+    """One request in the batch: the one step's Row plus its prompt, clock, figures and pending events."""
+
+    prompt_ids: list[int] = field(default_factory=list)
+    greedy: bool = True
+    k: int | None = None  # this request's own fixed K (None: its budget plans, or the step's k)
     t0: float = field(default_factory=time.perf_counter)  # the row's clock: its events' t counts from here
     collector: StatsCollector = field(default_factory=StatsCollector)  # its figures, from its events alone
     pending: list[Event] = field(default_factory=list)  # events for its next RowStep (PrefillDone at join)
-    hindsight: tuple[list[int], int] = ([], 0)  # this step's look back: (guessed ids, of them matched)
+
+    def __post_init__(self) -> None:
+        self.clock = lambda: time.perf_counter() - self.t0
 
     @property
     def drafted(self) -> int:
@@ -109,12 +153,10 @@ class Row:
         """Target forwards this row took part in."""
         return self.collector.steps
 
-    def clock(self) -> float:
-        return time.perf_counter() - self.t0
-
     def result(self, reason: str | None = None) -> RunFinished:
         """The row's RunFinished: its tokens, text and figures (`reason`: how it ended when it did not end
         on its own, e.g. "stopped" for a cancelled request or a stop string)."""
+        assert self.clock is not None
         t = self.clock()
         return RunFinished(
             t=t,
@@ -162,15 +204,11 @@ class RowStep:
         verified = self._one(Verified)
         return len(verified.accepted_ids) if verified else 0
 
-
-@dataclass
-class Outcome:
-    """One row's verdict on its draft: the ids it keeps (accepted drafts, then the target's token)."""
-
-    new_ids: list[int]
-    accepted: int
-    bonus: bool  # the whole draft held: the last id is the bonus (else the recovered token)
-    overlap: list[float] = field(default_factory=list)  # Σ min(p, q) per draft position (sampling rules)
+    @property
+    def decision(self):
+        """Why its budget chose this step's K (Drafted.decision; None for a fixed K)."""
+        drafted = self._one(Drafted)
+        return drafted.decision if drafted else None
 
 
 @dataclass
@@ -191,6 +229,8 @@ class Joining:
     cache: list
     fed: int = 0  # prompt tokens in `cache` so far
     seconds: float = 0.0  # spent prefilling (the wait between chunks, while other rows step, excluded)
+    hidden: list = field(default_factory=list)  # the prompt's final hidden states, for a drafter that reads them
+    taps: list = field(default_factory=list)  # ... and its decoder-layer taps (draft=eagle3)
 
     @property
     def todo(self) -> int:
@@ -205,7 +245,9 @@ class Joining:
         take = min(n, self.todo)
         if take > 0:
             s = time.perf_counter()
-            self.target.prefill(self.row.prompt_ids[self.fed : self.fed + take], self.cache)
+            ids = self.row.prompt_ids[self.fed : self.fed + take]
+            for _ in self.target.prefill_steps(ids, self.cache, self.row.draft_capture, self.hidden, self.taps):
+                pass
             self.seconds += time.perf_counter() - s
             self.fed += take
         return self.done
@@ -215,8 +257,8 @@ class BatchDecoder:
     def __init__(self, target, plugins):
         """
         Args:
-            target: the target Engine (attention-only; see `refusal`).
-            plugins: seed -> (drafter, comparator, bonus, greedy): fresh per-row plug-ins.
+            target: the target Engine (plain attention; see `refusal`).
+            plugins: (seed, **sampling) -> RowPlugins: fresh per-row plug-ins.
         """
         self.target, self.plugins = target, plugins
         self.cache = RaggedBatch(len(target.make_cache()))
@@ -233,21 +275,35 @@ class BatchDecoder:
             pass
         return self.join(joining)
 
-    def begin(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, **sampling) -> Joining:
+    def begin(
+        self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, k: int | None = None, **sampling
+    ) -> Joining:
         """A request that will join: its plug-ins and an empty solo cache; `Joining.prefill(n)` feeds
         its prompt n tokens at a time (between decode steps, so the active rows do not stall), then
-        `join` makes it a row."""
-        drafter, comparator, bonus, greedy = self.plugins(seed, **sampling)
+        `join` makes it a row. `k`: this request's own fixed K (None: its budget plans)."""
+        p = self.plugins(seed, **sampling)
+        p.drafter.use_rollback(p.rollback if p.rollback is not None else _trim())
+        draft_capture = p.drafter.capture  # an MTP head reads the target's hidden states, an EAGLE-3 head its taps
         row = Row(
-            list(prompt_ids),
-            max_tokens,
-            drafter,
-            comparator,
-            bonus,
-            greedy,
-            self.target.tokenizer.detokenizer,
             context=list(prompt_ids),
+            cache=[],  # the batch holds its target cache
+            drafter=p.drafter,
+            budget=p.budget if p.budget is not None else _FixedK(),
+            comparator=p.comparator,
+            bonus=p.bonus,
+            rollback=MaskRollback(),
+            detok=self.target.tokenizer.detokenizer,
+            max_tokens=max_tokens,
+            stop_ids=self.stop_ids,
+            # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
+            draft_ready=not (p.drafter.prefill_after_first_token and draft_capture is None),
+            draft_capture=draft_capture,
+            batch=self.cache,
+            prompt_ids=list(prompt_ids),
+            greedy=p.greedy,
+            k=k,
         )
+        row.detok.reset()
         return Joining(self.target, row, self.target.make_cache())
 
     def join(self, joining: Joining) -> Row:
@@ -255,9 +311,12 @@ class BatchDecoder:
         assert joining.done, "join() after the whole prompt is prefilled"
         row = joining.row
         s = time.perf_counter()
-        row.drafter.prefill(row.prompt_ids)
+        if row.draft_ready:
+            row.drafter.prefill(row.prompt_ids)
+        if row.wants_hidden:
+            row.drafter.observe_hidden(0, row.prompt_ids[:-1], joined_rows(joining.hidden), joined_rows(joining.taps))
         draft_s = time.perf_counter() - s
-        self.cache.add(joining.cache)
+        self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
         self.rows.append(row)
         t = row.clock()  # from admission: a prompt fed over several steps waited between its chunks
         done = PrefillDone(
@@ -275,40 +334,28 @@ class BatchDecoder:
             self.cache.keep_rows(keep)
             self.rows = [self.rows[i] for i in keep]
 
-    def step(self, k: int, decision: BudgetDecision | None = None) -> StepReport:
-        """One draft -> verify -> compare -> keep round for every row; finished rows leave after it.
+    def step(self, k: int | None = None) -> StepReport:
+        """One plan -> propose -> verify -> settle -> emit round for every row (core/step.py); finished rows
+        leave after it.
 
         Args:
-            k: the most tokens any row drafts this step.
-            decision: why the batch's budget chose k (carried by every row's Drafted event).
+            k: the K of every row this step (a K override); None: each row's own K or budget plans.
         """
-        t0 = time.perf_counter()
-        drafts, drafting = [], []  # per row: its draft, (its own draft seconds, its drafter's forwards)
         for row in self.rows:
-            s, f0 = time.perf_counter(), row.drafter.forwards
-            drafts.append(self._draft(row, k))
-            drafting.append((time.perf_counter() - s, row.drafter.forwards - f0))
-        draft_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        n = 1 + max(len(d.token_ids) for d in drafts)
-        ids = np.zeros((len(self.rows), n), dtype=np.uint32)  # [B, n]: newest token, draft, padding
-        for b, (row, d) in enumerate(zip(self.rows, drafts)):
-            ids[b, 0] = row.context[-1]
-            ids[b, 1 : 1 + len(d.token_ids)] = d.token_ids
-        logits = self.target.forward(  # [B, n, vocab]: each row at its own positions, its holes masked
-            ids, self.cache.layers, positions=self.cache.positions(n), mask=self.cache.mask(n)
-        ).logits
-        mx.eval(logits, [layer.state for layer in self.cache.layers])
-        argmax = mx.argmax(logits, axis=-1).tolist() if any(r.greedy for r in self.rows) else None
-        outcomes = [self._compare(b, row, d, logits, argmax) for b, (row, d) in enumerate(zip(self.rows, drafts))]
-        compared = time.perf_counter()
-        self.cache.commit([len(o.new_ids) for o in outcomes], n)
-        verify_s, commit_s = time.perf_counter() - t0, time.perf_counter() - compared
-        steps = [
-            self._emit(row, k, d, timing, o, verify_s - commit_s, commit_s, n, decision)
-            for row, d, timing, o in zip(self.rows, drafts, drafting, outcomes)
-        ]
-        report = StepReport(steps, len(self.rows), n, draft_s, verify_s)
+            row.k_override = row.k if row.k is not None else k
+        events: dict[int, list[Event]] = {id(row): [] for row in self.rows}
+        for row, event in one_step(self.target, list(self.rows), lambda: 0.0):
+            events[id(row)].append(event)
+        steps = [self._finish_step(row, events[id(row)]) for row in self.rows]
+        drafted = [e for s in steps for e in s.events if isinstance(e, Drafted)]
+        verified = [e for s in steps for e in s.events if isinstance(e, Verified)]
+        report = StepReport(
+            steps,
+            len(self.rows),
+            1 + max((len(e.draft_ids) for e in drafted), default=0),
+            sum(e.seconds for e in drafted),
+            max((e.seconds for e in verified), default=0.0),
+        )
         self.remove([row for row in self.rows if row.finished])
         if (
             self.cache.holes() > self.cache.size * 256
@@ -317,133 +364,32 @@ class BatchDecoder:
             self.cache.compact()  # holes outnumber kept columns: attention would mostly read masked keys
         return report
 
-    def look_back(self, m: int) -> list[tuple[int, int]]:
-        """Before a plain step: what each row's drafter would have drafted before its last m
-        emitted tokens (n-gram `hindsight`: a lookup, no forward, no state change).
-
-        Returns:
-            One (tokens guessed, of them matched as a prefix) per row checked; a row is checked
-            only once it has emitted m tokens (its prompt is never guessed).
-        """
-        guesses = []
-        for row in self.rows:
-            if m <= 0 or len(row.output) < m or not row.drafter.supports_hindsight:
-                continue
-            guess = row.drafter.hindsight(row.context, m)[:m]
-            matched = first_false([g == t for g, t in zip(guess, row.context[-m:])])
-            row.hindsight = (list(guess), matched)  # the row's next Drafted event carries it
-            guesses.append((len(guess), matched))
-        return guesses
-
-    # ---------------------------------------------------------------- per row
-
-    def _draft(self, row: Row, k: int) -> Draft:
-        k = min(k, row.max_tokens - len(row.output) - 1)  # never more than still wanted, minus the bonus
-        draft = row.drafter.propose(row.context, StepPlan(k=k)) if k > 0 else Draft(token_ids=[])
-        draft.token_ids = list(draft.token_ids[: max(k, 0)])
-        return draft
-
     @staticmethod
-    def _compare(b: int, row: Row, draft: Draft, logits: mx.array, argmax) -> Outcome:
-        """What this row keeps of its draft, and whether its last id is the bonus or the recovered token."""
-        k = len(draft.token_ids)
-        if row.greedy:
-            target_ids = argmax[b]
-            n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
-            return Outcome(draft.token_ids[:n] + [target_ids[n]], n, n == k)
-        verdict = row.comparator.compare(draft, logits[b, : k + 1])
-        n = verdict.accepted
-        last = row.bonus.pick(logits[b, k]) if n == k else verdict.recovered_id
-        assert last is not None, "a comparator that rejects must recover a token"
-        return Outcome(draft.token_ids[:n] + [last], n, n == k, list(verdict.overlap))
-
-    def _emit(
-        self,
-        row: Row,
-        k: int,
-        draft: Draft,
-        drafting: tuple[float, int],
-        out: Outcome,
-        verify_s: float,
-        commit_s: float,
-        columns: int,
-        decision: BudgetDecision | None,
-    ) -> RowStep:
-        """Keep the row's new tokens (cut at a stop token or max_tokens) and say so in events, as
-        core/pipeline.py does for one step of a chain run."""
-        step, ids, n = row.steps + 1, draft.token_ids, out.accepted
-        draft_s, forwards = drafting
-        guess, matched = row.hindsight
-        row.hindsight = ([], 0)
-        pending, row.pending = row.pending, []  # already counted by the collector (join)
-        events: list[Event] = []
-        drafted_forwards = min(forwards - draft.catchup_forwards, len(ids))
-        events.append(
-            Drafted(
-                t=row.clock(),
-                step=step,
-                k=max(min(k, row.max_tokens - len(row.output) - 1), 0),
-                draft_ids=list(ids),
-                seconds=draft_s,
-                hindsight_ids=guess,
-                hindsight_matched=matched,
-                forwards=forwards,
-                draft_forwards=drafted_forwards,
-                catchup_forwards=draft.catchup_forwards,
-                catchup_tokens=draft.catchup_tokens,
-                wasted_forwards=forwards - draft.catchup_forwards - drafted_forwards,
-                probe=decision is not None and decision.reason == "probe" and bool(ids),
-                decision=decision,
-            )
-        )
-        last = out.new_ids[-1]
-        events.append(
-            Verified(
-                t=row.clock(),
-                step=step,
-                accepted_ids=list(ids[:n]),
-                rejected_ids=list(ids[n:]),
-                recovered_id=None if out.bonus else last,
-                bonus_id=last if out.bonus else None,
-                seconds=verify_s,
-                rejected_text=self.target.decode(ids[n:]) if n < len(ids) else "",
-                overlap=out.overlap,
-            )
-        )
-        # the columns this row fed and does not keep (rejected drafts, padding) are masked holes now
-        events.append(
-            RolledBack(
-                t=row.clock(),
-                step=step,
-                strategy="mask",
-                target_dropped=columns - len(out.new_ids),
-                draft_dropped=0,
-                seconds=commit_s,
-            )
-        )
-        kept, from_draft = cut(out.new_ids, n, self.stop_ids, row.max_tokens - len(row.output))
-        texts = []
-        for tid in kept:
-            row.detok.add_token(tid)
-            texts.append(row.detok.last_segment)
-        row.output.extend(kept)
-        row.context.extend(out.new_ids)
-        if len(kept) < len(out.new_ids) and len(row.output) < row.max_tokens:
-            row.finished = "eos"
-        elif len(row.output) >= row.max_tokens:
+    def _finish_step(row: Row, events: list[Event]) -> RowStep:
+        """The row's step events, its end said (max_tokens reached: the detokenizer's held-back tail goes into
+        the last Emitted text), counted by its collector."""
+        if not row.finished and len(row.output) >= row.max_tokens:
             row.finished = "max_tokens"
-        text = "".join(texts)
         if row.finished:
             row.detok.finalize()
             tail = row.detok.last_segment  # text held back for a character still incomplete
-            if tail and texts:
-                texts[-1] += tail
-            text += tail
-        events.append(
-            Emitted(t=row.clock(), step=step, token_ids=kept, text=text, from_draft=from_draft, token_texts=texts)
-        )
+            if tail:
+                i = max(i for i, e in enumerate(events) if isinstance(e, Emitted))
+                e = events[i]
+                assert isinstance(e, Emitted)
+                texts = list(e.token_texts)
+                if texts:
+                    texts[-1] += tail
+                events[i] = msgspec.structs.replace(e, text=e.text + tail, token_texts=texts)
         for event in events:
             row.collector.consume(event)
+        pending, row.pending = row.pending, []  # already counted by the collector (join)
         if row.finished:
             events.append(row.result())
         return RowStep(row, pending + events)
+
+
+def _trim():
+    from specpipe.rollbacks.trim import TrimRollback
+
+    return TrimRollback()

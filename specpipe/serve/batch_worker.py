@@ -4,8 +4,9 @@ Contract: same interface as `GenerationWorker` (`submit`, `waiting`, `close`; pi
 job's own queue: ("delta", Delta), then ("done", Finished) or ("error", message)). Between two
 steps it drops rows whose client left or whose stop string appeared, admits waiting requests
 (each prefilled alone, `prefill_per_step` prompt tokens between two steps while other rows
-decode, then a row of the batch), asks the budget for one K for the whole batch and runs one
-`BatchDecoder.step`. Each row's events go through its `answer.AnswerStream` (the one delta type
+decode, then a row of the batch) and runs one `BatchDecoder.step`, where each row's own budget
+(built from the served `cfg.budget`) plans its K, or the request's own `specpipe.k` fixes it.
+Each row's events go through its `answer.AnswerStream` (the one delta type
 both workers queue), and its figures are its RunFinished's (metrics.py), not counted here. A full
 queue raises QueueFull (HTTP 429). Never touches HTTP.
 """
@@ -17,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from specpipe.events import Emitted
 from specpipe.serve.answer import AnswerStream, answer_figures
@@ -42,7 +45,6 @@ class BatchWorker:
     def __init__(
         self,
         decoder,
-        budget,
         max_batch: int,
         max_waiting: int,
         metrics=None,
@@ -51,11 +53,11 @@ class BatchWorker:
     ):
         """
         Args:
-            log_step: record -> None, one dict per step (the budget's decision, batch, positions, seconds).
+            log_step: record -> None, one dict per step (the rows' budget decisions, batch, positions, seconds).
             prefill_per_step: prompt tokens of joining requests prefilled between two decode steps
                 while other rows are active (0: a joining prompt is prefilled whole, stalling them).
         """
-        self.decoder, self.budget, self.max_batch = decoder, budget, max_batch
+        self.decoder, self.max_batch = decoder, max_batch
         self.metrics = metrics
         self.log_step = log_step
         self.prefill_per_step = prefill_per_step
@@ -95,15 +97,11 @@ class BatchWorker:
             if not self._active:
                 continue
             try:
-                k = self.budget.next_k(len(self._active))
-                if self.budget.hindsight_k:  # a plain step: the drafters still learn, looking back
-                    self.budget.observe_hindsight(self.decoder.look_back(self.budget.hindsight_k))
-                report = self.decoder.step(k, self.budget.decision_event())
+                report = self.decoder.step()
             except Exception as exc:  # a failed step fails its rows, not the server
                 self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 continue
-            self.budget.observe(report)
-            self._record_step(report, k)
+            self._record_step(report, report.positions - 1)
             self._log_step(report)
             for step in report.rows:
                 self._emit(step)
@@ -140,7 +138,7 @@ class BatchWorker:
                 self._count("specpipe_requests_total", status="cancelled")
                 continue
             try:
-                joining = self.decoder.begin(job.prompt_ids, job.max_tokens, job.seed, **job.sampling)
+                joining = self.decoder.begin(job.prompt_ids, job.max_tokens, job.seed, k=job.k, **job.sampling)
             except Exception as exc:
                 self._reject(job, exc)
                 continue
@@ -218,10 +216,14 @@ class BatchWorker:
         self._steps += 1
         if self.log_step is None:
             return
+        decisions = [_decision(r) for r in report.rows]  # each row's own budget planned its K
         self.log_step(
             {
                 "step": self._steps,
-                **self.budget.decision,
+                "batch": report.batch,
+                "k": max((d["k"] for d in decisions), default=0),
+                "reason": ",".join(sorted({d["reason"] for d in decisions})),
+                "rows": decisions,
                 "positions": report.positions,
                 "drafted": sum(r.drafted for r in report.rows),
                 "accepted": sum(r.accepted for r in report.rows),
@@ -248,3 +250,11 @@ class BatchWorker:
     def _observe(self, name: str, seconds: float) -> None:
         if self.metrics:
             self.metrics.observe(name, seconds)
+
+
+def _decision(step) -> dict:
+    """One row's budget decision for the step log: K, why, and the rates it used (a fixed K: its K alone)."""
+    d = step.decision
+    if d is None:
+        return {"k": step.drafted, "reason": "fixed"}
+    return msgspec.structs.asdict(d)

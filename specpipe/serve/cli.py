@@ -3,14 +3,15 @@ OpenAI API on `host:port` until SIGINT / SIGTERM (exit 130 / 143, one line).
 
 Every finished request is one line of `requests.jsonl` in the run folder (tokens, finish reason,
 time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_batch` requests
-are decoded together (specpipe/batch/: one target forward verifies every row's draft); more wait
-in a bounded queue (`max_queue`, then 429); every value is in conf/serve.yaml. A target or
-drafter that cannot be batched (recurrent / sliding-window layers, a model drafter) is served
-one request at a time, said in one line at start. `budget=auto` reads T(B, n) (timed on the
-first start on this device, then cached) and picks one K per step, tuned by budget=auto's own
-keys (`budget.probe_every`, `forget`, `prior_alpha`, `probe_k`); every batched step's K and its
-reasons are a line of `steps.jsonl`. `budget=adaptive` / `confidence` are served as a fixed K
-when batched, said in one line at start.
+are decoded together (specpipe/batch/: the one step, core/step.py, with one target forward over
+every row's draft); more wait in a bounded queue (`max_queue`, then 429); every value is in
+conf/serve.yaml. Every drafter batches: each row has its own drafter (a draft model's cache, an
+MTP head's, layer skip's), sampler and budget, built from `cfg.draft` / `cfg.budget` with
+`build_plugin` as a CLI run builds them (`budget=auto`, `adaptive`, `confidence` plan each row's K
+from that row's acceptance); recurrent, hybrid and sliding-window targets batch too (batch/cache.py).
+What cannot batch yet (a cache layer the batch cannot hold, token trees) is served one request at a
+time, said in one line at start naming what to use instead. Every batched step's rows, their K
+and their budgets' reasons are a line of `steps.jsonl`.
 """
 
 from __future__ import annotations
@@ -226,51 +227,42 @@ def _uvicorn(app, grace_s: float, keep_alive_s: float):
 
 
 def _worker(cfg, session, metrics, log_step):
-    """The batching worker when the target and drafter allow it, else one request at a time;
-    and a few words saying which."""
-    from specpipe.batch.decoder import BatchDecoder, refusal, session_plugins
+    """The batching worker when the target allows it, else one request at a time; and a few words saying which."""
+    from specpipe.batch.decoder import BatchDecoder, session_plugins
     from specpipe.serve.batch_worker import BatchWorker
     from specpipe.serve.worker import GenerationWorker
 
-    why = refusal(session.target, session.drafter.name) if cfg.max_batch > 1 else "max_batch=1"
+    why = batch_refusal(session) if cfg.max_batch > 1 else "max_batch=1"
     if why:
         if cfg.max_batch > 1:
             print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
         return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics), "batch 1"
-    batch_budget = _batch_budget(cfg, session)
     decoder = BatchDecoder(session.target, session_plugins(session))
     worker = BatchWorker(
-        decoder, batch_budget, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
+        decoder, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
     )
-    return worker, f"max_batch={cfg.max_batch}; each step's K and why -> steps.jsonl"
+    return (
+        worker,
+        f"max_batch={cfg.max_batch}, each row's own budget={session.budget_label()}; each step -> steps.jsonl",
+    )
 
 
-def _batch_budget(cfg, session):
-    """The served budget of a batch, from `cfg.budget` (and conf/serve.yaml's `batch:`): auto prices
-    every step of the batch; fixed drafts its K; a per-request budget (adaptive, confidence) is served
-    as a fixed K, said in one line at start."""
-    from specpipe.batch.budget import AutoSettings, BatchBudget
-    from specpipe.batch.costs import cost_table
+def batch_refusal(session) -> str | None:
+    """Why this session's requests cannot share a batch (one line naming what to use), or None.
 
-    b = cfg.budget
-    if session.drafter.name == "none":
-        return BatchBudget(0)
-    if b.name == "auto":
-        costs, where = cost_table(session.target, cfg.max_batch, int(b.k_max) + 1)
-        print(f"{TOOL}: {costs.describe()} ({where})", file=sys.stderr, flush=True)
-        settings = AutoSettings.from_config(b, cfg.batch)
-        return BatchBudget(int(b.k_max), settings, costs, hindsight=session.drafter.supports_hindsight)
-    if b.name != "fixed":  # adaptive / confidence follow one request's acceptance: not yet per row of a batch
-        k = int(b.k)
-        print(
-            f"{TOOL}: budget={session.budget_label()} is served as a fixed K={k} for every row of a batch "
-            "(per-request budgets are not batched yet); budget=auto chooses K for each batch step, "
-            "max_batch=1 serves it as configured",
-            file=sys.stderr,
-            flush=True,
+    Every drafter batches (each row proposes with its own drafter, budget and sampler); what cannot yet:
+    a target with cache layers the batch cannot hold (batch/cache.py storage_refusal), token trees."""
+    from specpipe.batch.decoder import refusal
+
+    why = refusal(session.target)
+    if why:
+        return why
+    if session.tree is not None:
+        return (
+            f"tree={session.tree.shape.label()}: token trees are verified one request at a time; "
+            "tree=chain batches every drafter but lookahead"
         )
-        return BatchBudget(k)
-    return BatchBudget(int(b.k))
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+"""Every drafter batched at the target (batch/decoder.py over core/step.py), on tiny random models, in process:
+4 rows stepping together, each with its own drafter, sampler and budget built from the config as the server
+builds them (`session_plugins`), give each request exactly its answer alone: greedy, draft=none's tokens;
+sampled, the CLI pipeline's tokens for the same seed. (tests/test_serve_batch_all.py: the same through HTTP.)"""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize
+
+import specpipe.config  # noqa: F401  (registers the schemas)
+from specpipe.batch.decoder import BatchDecoder, session_plugins
+from specpipe.drafters.mtp_head import new_head, save_head
+from specpipe.events import RunFinished
+from specpipe.session import Session
+
+TEXTS = [
+    "the cat sat on the mat, the cat sat on the",
+    "Quick zephyrs blow, vexing daft Jim",
+    "ab",
+    "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
+]
+MAX_TOKENS = [24, 17, 24, 11]  # rows leave at different steps
+DRAFTS = {
+    "none": ["draft=none"],
+    "ngram": ["draft=ngram"],
+    "model": ["draft=model", "draft.model=tiny-random"],
+    "layerskip": ["draft=layerskip", "draft.depth=1"],
+    "mtp": ["draft=mtp"],  # draft.head= a random head, saved per arch below
+}
+
+
+def _cfg(overrides: list[str]):
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        return compose(config_name="config", overrides=["budget=fixed", "budget.k=4", *overrides])
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def head(arch, tmp_path_factory):
+    """A random MTP head for this arch's tiny target (exactness needs no training)."""
+    target = Session(_cfg(["model=tiny-random", f"model.arch={arch}", "draft=none"])).target
+    inner, _ = target.hidden_parts()
+    module, _ = new_head(inner)
+    folder = tmp_path_factory.mktemp(f"head-{arch}")
+    save_head(module, folder, {"target": {"name": target.info.name, "sha256": target.info.sha256}})
+    return str(folder)
+
+
+def _session(arch: str, draft: str, head: str, sampled: bool) -> Session:
+    extra = [f"draft.head={head}"] if draft == "mtp" else []
+    sampling = ["sampling=sample", "sampling.temperature=1.0"] if sampled else []
+    return Session(_cfg(["model=tiny-random", f"model.arch={arch}", *DRAFTS[draft], *extra, *sampling]))
+
+
+def _batched(session: Session, seeds: list[int]) -> list[list[int]]:
+    """The 4 requests as rows of one batch; every drafter but none really drafts."""
+    decoder = BatchDecoder(session.target, session_plugins(session))
+    prompts = [session.target.encode_prompt(t, chat=False) for t in TEXTS]
+    rows = [decoder.add(p, m, seed) for p, m, seed in zip(prompts, MAX_TOKENS, seeds)]
+    while decoder.rows:
+        decoder.step()
+    assert (sum(row.drafted for row in rows) > 0) == (session.drafter.name != "none")
+    return [row.output for row in rows]
+
+
+def _alone(session: Session, seed: int, text: str, max_tokens: int) -> list[int]:
+    """The CLI pipeline's tokens for this request alone (the session's own drafter, budget and sampler)."""
+    session.sampler.seed = seed
+    ids = session.target.encode_prompt(text, chat=False)
+    final = list(session.generate(ids, max_tokens))[-1]
+    assert isinstance(final, RunFinished)
+    return list(final.token_ids)
+
+
+@pytest.mark.parametrize("draft", list(DRAFTS))
+def test_greedy_rows_equal_draft_none_alone(arch, head, draft):
+    plain = _session(arch, "none", head, sampled=False)
+    want = [_alone(plain, 0, t, m) for t, m in zip(TEXTS, MAX_TOKENS)]
+    got = _batched(_session(arch, draft, head, sampled=False), [0, 0, 0, 0])
+    assert got == want
+
+
+@pytest.mark.parametrize("draft", list(DRAFTS))
+def test_sampled_rows_equal_the_same_seed_alone(arch, head, draft):
+    seeds = [3, 11, 7, 5]
+    session = _session(arch, draft, head, sampled=True)
+    got = _batched(session, seeds)
+    want = [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
+    assert got == want
+    assert len({tuple(g) for g in got}) == len(got)  # the seeds matter: four different answers
