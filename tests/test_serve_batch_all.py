@@ -1,0 +1,144 @@
+"""Every drafter batched through the real server: `specpipe-serve` processes on tiny random llama and qwen3
+targets, 4 concurrent requests from real HTTP clients (urllib, 127.0.0.1 only, bounded), each row drafting with
+its own drafter (draft=none, ngram, a draft model, layer skip, an MTP head), sampler and budget.
+
+Greedy: each answer equals that prompt decoded alone by a draft=none server. Seeded sampling: each answer
+equals the same request (same seed) sent alone. A streaming client that hangs up mid-answer frees its row:
+it is logged cancelled and the next requests are answered in full. (draft=lookahead drafts token trees only,
+which the server verifies one request at a time: tests/test_server.py's refusal line.)
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.test_server import Server, metric
+
+PROMPTS = [
+    "the cat sat on the mat, the cat sat on the",
+    "Quick zephyrs blow, vexing daft Jim",
+    "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
+    "one two three one two three one",
+]
+MAX_TOKENS = [20, 13, 20, 9]  # rows leave the batch at different steps
+SEEDS = [3, 11, 7, 5]
+DRAFTS = {
+    "ngram": ["draft=ngram"],
+    "model": ["draft=model", "draft.model=tiny-random"],
+    "layerskip": ["draft=layerskip", "draft.depth=1"],
+    "mtp": ["draft=mtp"],  # draft.head=: a random head saved for the arch below
+}
+
+
+def _start(cwd, arch: str, *overrides: str) -> Server:
+    common = ["model=tiny-random", f"model.arch={arch}", "max_batch=4", "budget=fixed", "budget.k=4"]
+    return Server(cwd, *common, *overrides)
+
+
+def _complete(server: Server, i: int, **extra) -> dict:
+    body = {"prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i], **extra}
+    status, raw = server.post("/v1/completions", body, timeout=120)
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+def _text(answer: dict) -> str:
+    return answer["choices"][0]["text"]
+
+
+def _concurrently(server: Server, **extra_of) -> list[dict]:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda i: _complete(server, i, **extra_of.get(str(i), {})), range(len(PROMPTS))))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def head(arch, tmp_path_factory):
+    """A random MTP head for the arch's tiny target (exactness needs no training)."""
+    from specpipe.drafters.mtp_head import new_head, save_head
+    from tests.conftest import tiny
+
+    target = tiny(arch)
+    module, _ = new_head(target.hidden_parts()[0])
+    folder = tmp_path_factory.mktemp(f"head-{arch}")
+    save_head(module, folder, {"target": {"name": target.info.name, "sha256": target.info.sha256}})
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def plain(arch, tmp_path_factory):
+    """Each prompt decoded alone by a draft=none server, greedy: the answers every drafter must give."""
+    server = _start(tmp_path_factory.mktemp(f"plain-{arch}"), arch, "draft=none")
+    try:
+        yield [_text(_complete(server, i)) for i in range(len(PROMPTS))]
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+
+
+@pytest.fixture(params=list(DRAFTS))
+def server(request, arch, head, tmp_path):
+    extra = [f"draft.head={head}"] if request.param == "mtp" else []
+    s = _start(tmp_path, arch, *DRAFTS[request.param], *extra)
+    yield s
+    s.proc.kill()
+    s.proc.wait()
+
+
+def test_four_concurrent_requests_each_get_their_answer_alone(server, plain):
+    greedy = _concurrently(server)
+    assert [_text(a) for a in greedy] == plain
+    assert all(a["specpipe"]["batched"] for a in greedy) and sum(a["specpipe"]["drafted"] for a in greedy) > 0
+
+    sampled = {str(i): {"temperature": 1.0, "seed": SEEDS[i]} for i in range(len(PROMPTS))}
+    alone = [_text(_complete(server, i, **sampled[str(i)])) for i in range(len(PROMPTS))]
+    together = _concurrently(server, **sampled)
+    assert [_text(a) for a in together] == alone
+    assert alone != plain  # sampling really sampled
+
+    batches = metric(server, "specpipe_batch_rows_total") / metric(server, "specpipe_steps_total")
+    assert batches > 1.5, "the concurrent requests should have shared forwards"
+
+
+def test_a_client_that_hangs_up_mid_stream_frees_its_row(arch, tmp_path):
+    s = _start(tmp_path, arch, "draft=ngram", "max_batch=2", "max_tokens=400")
+    try:
+        url = urllib.parse.urlparse(s.base)
+        body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 400, "stream": True}).encode()
+        sock = socket.create_connection((url.hostname, url.port), timeout=60)
+        sock.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{url.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        got = b""
+        while got.count(b"data: ") < 3:  # a few chunks: the row is decoding
+            piece = sock.recv(4096)
+            assert piece, got.decode(errors="replace")
+            got += piece
+        sock.close()
+        left = time.monotonic()
+        while metric(s, 'specpipe_requests_total{status="cancelled"}') < 1:
+            assert time.monotonic() - left < 20, "the row of the client that left was never freed"
+            time.sleep(0.1)
+        # both slots are free again: two requests at once are answered in full, side by side
+        answers = _concurrently_two(s)
+        assert [a["usage"]["completion_tokens"] for a in answers] == [MAX_TOKENS[1], MAX_TOKENS[2]]
+    finally:
+        s.proc.kill()
+        s.proc.wait()
+
+
+def _concurrently_two(server: Server) -> list[dict]:
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda i: _complete(server, i), [1, 2]))
