@@ -404,12 +404,13 @@ class RecurrentLayer(ArraysCache):
 
     def __init__(self, batch: RaggedBatch, slots: int):
         super().__init__(slots)
+        self.cache: list[Any] = self.cache  # ArraysCache's slots, typed for mypy (mlx-lm is untyped here)
         self.batch = batch
 
     def add_row(self, solo, P: int, idx: int) -> None:
         """Append the solo cache's states as the last row; an empty slot (nothing prefilled) is the zero state."""
         rows = self.batch.size  # the rows already here (the batch appends this one's offset afterwards)
-        joined = []
+        joined: list[Any] = []
         for mine, theirs in zip(self.cache, solo.cache):
             like = mine if mine is not None else theirs
             if like is None:
