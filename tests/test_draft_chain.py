@@ -8,6 +8,7 @@ the chain hands the comparator the proposing source's own q; a bad source list i
 
 from __future__ import annotations
 
+import mlx.core as mx
 import msgspec
 import pytest
 from conftest import CONF_DIR, first_difference, noisy_copy, prepared, run_module, tiny
@@ -293,3 +294,54 @@ def test_the_chat_panel_names_the_source_of_the_latest_step():
         figures.consume(event)
     rows = dict(figures.rows())
     assert rows["K"] == "4 (model)" and rows["sources"] == "ngram 2/3, model 2/2"
+
+
+# ---------------------------------------------------------------- sampling is exact (statistical, -m statistical)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_models():
+    """test_sampling's pair: an 8-id target and a poor noisy copy (many rejections exercise the residual)."""
+    from test_sampling import VOCAB
+
+    from specpipe.engine.load.loader import load_engine
+
+    target = load_engine("tiny-random", precision="float32", arch="llama", seed=3, tiny={"vocab_size": VOCAB})
+    return target, noisy_copy(target, scale=3.0, seed=7, tiny={"vocab_size": VOCAB})
+
+
+def sampled_chain(target, draft, sampler):
+    """[ngram, model] where the n-gram never proposes and the model, priced as cheap, drafts every step."""
+    drafter = chain(target, draft, ["ngram", "model"], sampler=sampler, ngram={"window": 1})
+    drafter.prices[1].c = 0.05
+    return drafter
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("broken", [False, True])
+def test_sampling_through_a_chain_keeps_the_target_distribution(small_vocab_models, monkeypatch, broken):
+    """Chi-square of two sampled tokens against the target's exact joint (test_sampling's test); the same test
+    rejects a chain that hands the comparator a q that is not the proposing model's (its rows shifted by one
+    id, as another source's would be). Dropping q altogether would still be exact (a point mass, as n-gram
+    drafts are), only accepted less often."""
+    from test_sampling import chi_square_rejects, exact_joint, sample_pairs
+
+    target, draft = small_vocab_models
+    sampler = Sampler(temperature=1.0, top_k=6)
+    prompt = [1, 2, 3, 1, 2]
+    joint = exact_joint(target, sampler, prompt)
+    if broken:
+        propose = ChainDrafter.propose
+
+        def wrong_q(self, context_ids, plan):
+            d = propose(self, context_ids, plan)
+            d.probs = mx.roll(d.probs, 1, axis=-1) if d.probs is not None else None
+            return d
+
+        monkeypatch.setattr(ChainDrafter, "propose", wrong_q)
+    drafter = sampled_chain(target, draft, sampler)
+    rejects, stat, critical = chi_square_rejects(
+        sample_pairs(target, drafter, RejectionComparator, sampler, prompt), joint
+    )
+    assert drafter.counts["model"][0] > 0 and drafter.counts["ngram"] == [0, 0]
+    assert rejects == broken, f"chi-square {stat:.1f} vs {critical:.1f} (broken={broken})"
