@@ -1,4 +1,5 @@
-"""Every drafter batched at the target (batch/decoder.py over core/step.py), on tiny random models, in process:
+"""Every drafter batched at the target (batch/decoder.py over core/step.py), on tiny random models (llama, qwen3;
+hybrid qwen3_next, sliding-window gemma3, recurrent mamba2), in process:
 4 rows stepping together, each with its own drafter, sampler and budget built from the config as the server
 builds them (`session_plugins`), give each request exactly its answer alone: greedy, draft=none's tokens;
 sampled, the CLI pipeline's tokens for the same seed. (tests/test_serve_batch_all.py: the same through HTTP.)"""
@@ -93,3 +94,23 @@ def test_sampled_rows_equal_the_same_seed_alone(arch, head, draft):
     want = [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
     assert got == want
     assert len({tuple(g) for g in got}) == len(got)  # the seeds matter: four different answers
+
+
+@pytest.mark.parametrize(
+    "arch, draft",
+    [
+        ("qwen3_next", "ngram"),  # Gated DeltaNet + attention: each row's recurrent state kept at its accepted column
+        ("qwen3_next", "model"),
+        ("gemma3_text", "ngram"),  # sliding-window layers
+        ("gemma3_text", "layerskip"),
+        ("mamba2", "model"),  # recurrent only: no KV columns at all
+    ],
+)
+def test_hybrid_recurrent_and_sliding_window_rows(arch, draft):
+    plain = _session(arch, "none", "", sampled=False)
+    want = [_alone(plain, 0, t, m) for t, m in zip(TEXTS, MAX_TOKENS)]
+    assert _batched(_session(arch, draft, "", sampled=False), [0, 0, 0, 0]) == want
+    seeds = [3, 11, 7, 5]
+    session = _session(arch, draft, "", sampled=True)
+    got = _batched(session, seeds)
+    assert got == [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
