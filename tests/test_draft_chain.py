@@ -345,3 +345,16 @@ def test_sampling_through_a_chain_keeps_the_target_distribution(small_vocab_mode
     )
     assert drafter.counts["model"][0] > 0 and drafter.counts["ngram"] == [0, 0]
     assert rejects == broken, f"chi-square {stat:.1f} vs {critical:.1f} (broken={broken})"
+
+
+# ---------------------------------------------------------------- the real SmolLM2-135M
+
+
+def test_smollm2_chain_of_ngram_and_layerskip_equals_target_alone(smollm2):
+    """The real model under budget=auto (the tiny models cover fixed K): ~15 s on a shared 2-core CPU."""
+    prompt = smollm2.encode_prompt("Repeat this code exactly:\ndef add(a, b):\n    return a + b\n", chat=True)
+    baseline, _ = run(smollm2, NoneDrafter(), FixedBudget(k=1), prompt, max_tokens=32)
+    drafter = chain(smollm2, None, ["ngram", "layerskip"], layerskip={"depth": 8})
+    final, drafted = run(smollm2, drafter, prepared(AutoBudget(), smollm2, drafter), prompt, max_tokens=32)
+    assert final.token_ids == baseline.token_ids, first_difference(smollm2, prompt, baseline.token_ids, final.token_ids)
+    assert drafted and {e.source for e in drafted} <= {"ngram", "layerskip"}
