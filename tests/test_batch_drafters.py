@@ -12,7 +12,7 @@ from hydra import compose, initialize
 import specpipe.config  # noqa: F401  (registers the schemas)
 from specpipe.batch.decoder import BatchDecoder, session_plugins
 from specpipe.drafters.mtp_head import new_head, save_head
-from specpipe.events import RunFinished
+from specpipe.events import Drafted, RunFinished
 from specpipe.session import Session
 
 TEXTS = [
@@ -58,13 +58,15 @@ def _session(arch: str, draft: str, head: str, sampled: bool) -> Session:
     return Session(_cfg(["model=tiny-random", f"model.arch={arch}", *DRAFTS[draft], *extra, *sampling]))
 
 
-def _batched(session: Session, seeds: list[int]) -> list[list[int]]:
-    """The 4 requests as rows of one batch; every drafter but none really drafts."""
+def _batched(session: Session, seeds: list[int], events: list | None = None) -> list[list[int]]:
+    """The 4 requests as rows of one batch; every drafter but none really drafts. `events`: gets every row's."""
     decoder = BatchDecoder(session.target, session_plugins(session))
     prompts = [session.target.encode_prompt(t, chat=False) for t in TEXTS]
     rows = [decoder.add(p, m, seed) for p, m, seed in zip(prompts, MAX_TOKENS, seeds)]
     while decoder.rows:
-        decoder.step()
+        report = decoder.step()
+        if events is not None:
+            events += [e for s in report.rows for e in s.events]
     assert (sum(row.drafted for row in rows) > 0) == (session.drafter.name != "none")
     return [row.output for row in rows]
 
@@ -114,3 +116,40 @@ def test_hybrid_recurrent_and_sliding_window_rows(arch, draft):
     session = _session(arch, draft, "", sampled=True)
     got = _batched(session, seeds)
     assert got == [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
+
+
+@pytest.mark.parametrize(
+    "arch, draft",
+    [("llama", "ngram"), ("llama", "model"), ("llama", "lookahead"), ("llama", "mtp"), ("gemma3_text", "ngram")],
+)
+def test_tree_rows_in_a_batch(arch, draft, tmp_path):
+    """tree=dynamic rows: each row's nodes at its offset + depth under its ancestor mask inside the batch's
+    mask, its root and path kept by the commit; trees really branch, answers as alone."""
+    head = ""
+    if draft == "mtp":
+        target = Session(_cfg(["model=tiny-random", f"model.arch={arch}", "draft=none"])).target
+        module, _ = new_head(target.hidden_parts()[0])
+        save_head(module, tmp_path, {"target": {"name": target.info.name, "sha256": target.info.sha256}})
+        head = str(tmp_path)
+    DRAFTS["lookahead"] = ["draft=lookahead"]  # trees only
+    try:
+        tree = ["tree=dynamic"]
+        plain = _session(arch, "none", head, sampled=False)
+        want = [_alone(plain, 0, t, m) for t, m in zip(TEXTS, MAX_TOKENS)]
+        events: list = []
+        assert _batched(_tree_session(arch, draft, head, False, tree), [0, 0, 0, 0], events) == want
+        parents = [e.tree_parents for e in events if isinstance(e, Drafted) and e.tree_parents]
+        branched = any(p != list(range(-1, len(p) - 1)) for p in parents)
+        assert branched or (arch, draft) == ("llama", "ngram"), "no tree branched"  # its matches never fork here
+        seeds = [3, 11, 7, 5]
+        session = _tree_session(arch, draft, head, True, tree)
+        got = _batched(session, seeds)
+        assert got == [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
+    finally:
+        DRAFTS.pop("lookahead", None)
+
+
+def _tree_session(arch: str, draft: str, head: str, sampled: bool, tree: list[str]) -> Session:
+    extra = [f"draft.head={head}"] if draft == "mtp" else []
+    sampling = ["sampling=sample", "sampling.temperature=1.0"] if sampled else []
+    return Session(_cfg(["model=tiny-random", f"model.arch={arch}", *DRAFTS[draft], *extra, *sampling, *tree]))

@@ -1,11 +1,11 @@
 """Every drafter batched through the real server: `specpipe-serve` processes on tiny random llama and qwen3
 targets, 4 concurrent requests from real HTTP clients (urllib, 127.0.0.1 only, bounded), each row drafting with
-its own drafter (draft=none, ngram, a draft model, layer skip, an MTP head), sampler and budget.
+its own drafter (n-gram, a draft model, layer skip, an MTP head, lookahead), sampler and budget.
 
 Greedy: each answer equals that prompt decoded alone by a draft=none server. Seeded sampling: each answer
 equals the same request (same seed) sent alone. A streaming client that hangs up mid-answer frees its row:
-it is logged cancelled and the next requests are answered in full. (draft=lookahead drafts token trees only,
-which the server verifies one request at a time: tests/test_server.py's refusal line.)
+it is logged cancelled and the next requests are answered in full. Token trees (tree=dynamic: a draft model's,
+draft=lookahead's) are rows of the batch too.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ DRAFTS = {
     "model": ["draft=model", "draft.model=tiny-random"],
     "layerskip": ["draft=layerskip", "draft.depth=1"],
     "mtp": ["draft=mtp"],  # draft.head=: a random head saved for the arch below
+    "lookahead": ["draft=lookahead", "tree=dynamic"],  # its Jacobi window is a tree branch: tree rows in the batch
+    "model-tree": ["draft=model", "draft.model=tiny-random", "tree=dynamic"],
 }
 
 

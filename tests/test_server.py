@@ -226,9 +226,8 @@ def test_metrics_are_prometheus_text(small):
     "overrides,why",
     [
         (["model.arch=llama4", "draft=ngram"], "a batch holds plain, sliding-window and recurrent layers only"),
-        (["draft=ngram", "tree=dynamic"], "token trees are verified one request at a time"),
     ],
-    ids=["chunked-attention-target", "tree"],
+    ids=["chunked-attention-target"],
 )
 def test_an_unbatchable_server_says_so_and_serves_one_request_at_a_time(tmp_path, overrides, why):
     """Batching is refused in one line at start; batch 1 serves, feeding /metrics and the request log."""

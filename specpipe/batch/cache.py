@@ -192,7 +192,7 @@ class RaggedBatch:
         """[B, idx] int: each written column's position in its row (a hole's: whatever it was fed at)."""
         return mx.array(self.pos[:, : self.idx])
 
-    def commit(self, kept: list[int], n: int, states: StateCapture | None = None) -> None:
+    def commit(self, kept: list[int], n: int, states: StateCapture | None = None, trees: dict | None = None) -> None:
         """After a forward over n columns per row: row b keeps its first kept[b] of them.
 
         Args:
@@ -200,6 +200,8 @@ class RaggedBatch:
             n: the columns every row was fed (padding included).
             states: the forward's recorded states (`state_capture()`, ForwardResult.states); needed when
                 a layer is recurrent and some row keeps fewer than n columns.
+            trees: row b -> (the fed columns it keeps, its n fed positions) for a token tree's row: its root and
+                path, wherever fed (core/step.py); kept[b] is their count.
         """
         if len(kept) != self.size or any(k < 0 or k > n for k in kept):
             raise ValueError(f"kept {list(kept)}: one count per row ({self.size}), each 0..{n}")
@@ -214,6 +216,9 @@ class RaggedBatch:
             self.valid, self.pos = np.pad(self.valid, more), np.pad(self.pos, more)
         self.valid[:, self.idx : self.idx + n] = np.arange(n)[None, :] < np.asarray(kept)[:, None]
         self.pos[:, self.idx : self.idx + n] = self.positions(n)
+        for b, (columns, fed_positions) in (trees or {}).items():
+            self.valid[b, self.idx : self.idx + n] = np.isin(np.arange(n), columns)
+            self.pos[b, self.idx : self.idx + n] = fed_positions
         self.offsets = self.offsets + np.asarray(kept, dtype=np.int32)
         self.idx += n
         self._forget_past_window()

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
-from specpipe.core.protocols import RollbackBase
+from specpipe.core.protocols import BudgetBase, RollbackBase
 from specpipe.core.step import Row as StepRow
 from specpipe.core.step import step as one_step
 from specpipe.engine.engine import joined_rows
@@ -52,6 +52,7 @@ class RowPlugins:
 
     budget: plans each step of this row (None: a fixed K given to `step(k)` or `begin(k=)`).
     rollback: the strategy the drafter rolls its own cache back with (None: trim); the target's is the batch mask.
+    tree: the row's tree parts (tree=static|dynamic: trees/proposal.py), None: chains.
     """
 
     drafter: Any
@@ -60,13 +61,14 @@ class RowPlugins:
     greedy: bool = True
     budget: Any = None
     rollback: Any = None
+    tree: Any = None
 
 
 def session_plugins(session):
     """(seed, temperature=, top_p=) -> RowPlugins, built from `session.cfg` as `Session` builds its own,
     sharing the loaded models (a draft model's weights, not its cache); None keeps the server's value."""
     from specpipe.core.sampling import Sampler
-    from specpipe.session import build_plugin, comparator_and_bonus
+    from specpipe.session import build_plugin, comparator_and_bonus, tree_for
 
     cfg = session.cfg
     draft_engine = session.drafter.engine
@@ -88,7 +90,8 @@ def session_plugins(session):
         budget.prepare(session.target, drafter)  # budget=auto: the device's curves, cached since the session's
         comparator, bonus = comparator_and_bonus(cfg, sampler)
         rollback = build_plugin(cfg.rollback, "rollback")
-        return RowPlugins(drafter, comparator, bonus, sampler.greedy, budget, rollback)
+        tree = tree_for(cfg, session.target, drafter, sampler, budget)  # its own tree sizer, from its budget
+        return RowPlugins(drafter, comparator, bonus, sampler.greedy, budget, rollback, tree)
 
     return plugins
 
@@ -108,21 +111,15 @@ class MaskRollback(RollbackBase):
         self.dropped += n_drop
 
 
-class _FixedK:
-    """The budget of a row planned only by K overrides (`step(k)`, `begin(k=)`): nothing to learn."""
+class _FixedK(BudgetBase):
+    """The budget of a row planned only by K overrides (`step(k)`, `begin(k=)`): nothing to plan or learn."""
 
     name = "fixed"
-    label_params: tuple[str, ...] = ()
-    p_min = 0.0
-    first_token_plain = False
 
-    def plan(self, cache_len: int, room: int):
+    def next_k(self) -> int:
         raise AssertionError("a row without a budget steps only with a K (step(k) or begin(k=))")
 
     def observe(self, drafted: int, accepted: int, *, draft_s=None, verify_s=None) -> None:
-        pass
-
-    def observe_hindsight(self, checked: int, matched: int, evidence=None) -> None:
         pass
 
 
@@ -138,7 +135,11 @@ class Row(StepRow):
     pending: list[Event] = field(default_factory=list)  # events for its next RowStep (PrefillDone at join)
 
     def __post_init__(self) -> None:
-        self.clock = lambda: time.perf_counter() - self.t0
+        self.clock = self.since_admission
+
+    def since_admission(self) -> float:
+        """The row's clock: seconds since `begin` admitted it."""
+        return time.perf_counter() - self.t0
 
     @property
     def drafted(self) -> int:
@@ -156,8 +157,7 @@ class Row(StepRow):
     def result(self, reason: str | None = None) -> RunFinished:
         """The row's RunFinished: its tokens, text and figures (`reason`: how it ended when it did not end
         on its own, e.g. "stopped" for a cancelled request or a stop string)."""
-        assert self.clock is not None
-        t = self.clock()
+        t = self.since_admission()
         return RunFinished(
             t=t,
             stop_reason=reason or self.finished or "stopped",
@@ -295,6 +295,7 @@ class BatchDecoder:
             detok=self.target.tokenizer.detokenizer,
             max_tokens=max_tokens,
             stop_ids=self.stop_ids,
+            tree=p.tree,
             # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
             draft_ready=not (p.drafter.prefill_after_first_token and draft_capture is None),
             draft_capture=draft_capture,
@@ -318,7 +319,7 @@ class BatchDecoder:
         draft_s = time.perf_counter() - s
         self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
         self.rows.append(row)
-        t = row.clock()  # from admission: a prompt fed over several steps waited between its chunks
+        t = row.since_admission()  # a prompt fed over several steps waited between its chunks
         done = PrefillDone(
             t=t, tokens=len(row.prompt_ids), seconds=t, target_seconds=joining.seconds, draft_seconds=draft_s
         )
@@ -344,8 +345,8 @@ class BatchDecoder:
         for row in self.rows:
             row.k_override = row.k if row.k is not None else k
         events: dict[int, list[Event]] = {id(row): [] for row in self.rows}
-        for row, event in one_step(self.target, list(self.rows), lambda: 0.0):
-            events[id(row)].append(event)
+        for stepped, event in one_step(self.target, list(self.rows), lambda: 0.0):  # each row on its own clock
+            events[id(stepped)].append(event)
         steps = [self._finish_step(row, events[id(row)]) for row in self.rows]
         drafted = [e for s in steps for e in s.events if isinstance(e, Drafted)]
         verified = [e for s in steps for e in s.events if isinstance(e, Verified)]

@@ -101,14 +101,19 @@ def step(target, rows: list[Row], clock: Callable[[], float]) -> Iterator[tuple[
     for row in rows:  # ---- plan + propose: each row's budget and drafter
         proposals.append((yield from _tagged(row, _propose(target, row, row.clock or clock))))
     results = forward_rows(target, rows, proposals)  # ---- verify: one target forward
-    kept = []
-    for row, proposal, result in zip(rows, proposals, results):  # ---- compare, commit, bonus, emit: per row
+    kept, trees = [], {}
+    for b, (row, proposal, result) in enumerate(zip(rows, proposals, results)):  # ---- compare, commit, bonus, emit
         new_ids, n = yield from _tagged(row, proposal.settle(target, row, result, row.clock or clock))
         kept.append(len(new_ids))  # accepted drafts + the next token: the columns of its forward it keeps
+        if proposal.tree is not None and row.batch is not None:
+            trees[b] = proposal.kept_rows  # a tree row keeps its root and path, wherever they were fed
         yield from _tagged(row, _emit(row, new_ids, n, row.clock or clock))
     if rows[0].batch is not None:  # the batch's one commit: every row's unkept columns become holes
+        batch = rows[0].batch
         n = 1 + max(len(p.fed_ids) for p in proposals)
-        rows[0].batch.commit(kept, n, states=results[0].states)  # recurrent rows: each its state at kept[b]
+        fed = _fed_positions(batch, proposals, n) if trees else None
+        tree_columns = {b: (columns, fed[b]) for b, columns in trees.items()} if fed is not None else None
+        batch.commit(kept, n, states=results[0].states, trees=tree_columns)  # recurrent: each its state at kept[b]
 
 
 def forward_rows(target, rows: list[Row], proposals: list) -> list[ForwardResult]:
@@ -133,18 +138,20 @@ def _forward_batch(target, rows: list[Row], proposals: list) -> list[ForwardResu
     batch = rows[0].batch
     if batch.size != len(rows) or any(r.batch is not batch for r in rows):
         raise ValueError(f"forward_rows: {len(rows)} rows of a batch of {batch.size}: every row of it steps, in order")
-    if any(p.tree is not None for p in proposals):
-        raise NotImplementedError("a token tree inside a batch: tree rows are served one request at a time")
     fed = [[row.last_id, *p.fed_ids] for row, p in zip(rows, proposals)]
     n = max(len(f) for f in fed)
     ids = np.zeros((len(rows), n), dtype=np.uint32)  # padding columns are never kept (the commit's holes)
     for b, f in enumerate(fed):
         ids[b, : len(f)] = f
+    positions, mask = batch.positions(n), batch.mask(n)
+    if any(p.tree is not None for p in proposals):  # tree rows: each node at offset + depth, seeing its ancestors
+        positions = _fed_positions(batch, proposals, n)
+        mask = mx.concatenate([mask[..., : mask.shape[-1] - n], _fed_mask(proposals, n)], axis=-1)
     capture = _joint_capture([p.capture for p in proposals], batch.state_capture())
     started = time.perf_counter()
     for p in proposals:
         p.started = started  # a row's verify seconds: the shared forward's, not the later rows' drafting too
-    result = target.forward(ids, batch.layers, capture=capture, positions=batch.positions(n), mask=batch.mask(n))
+    result = target.forward(ids, batch.layers, capture=capture, positions=positions, mask=mask)
     lazy = [result.logits, *(a for a in (result.hidden, result.layer_hidden) if a is not None)]
     mx.eval(lazy, [layer.state for layer in batch.layers])
 
@@ -160,6 +167,27 @@ def _forward_batch(target, rows: list[Row], proposals: list) -> list[ForwardResu
         )
         for b, f in enumerate(fed)
     ]
+
+
+def _fed_positions(batch, proposals: list, n: int) -> np.ndarray:
+    """[B, n] each fed column's position: a chain row's offset + column, a tree row's node at offset + depth."""
+    positions = batch.positions(n)
+    for b, p in enumerate(proposals):
+        if p.tree is not None:
+            depths = [0, *p.tree.depths()]
+            positions[b, : len(depths)] = batch.offsets[b] + np.asarray(depths, dtype=np.int32)
+    return positions
+
+
+def _fed_mask(proposals: list, n: int) -> mx.array:
+    """[B, n, n] which fed columns each fed column sees: causal for a chain row, the ancestor mask for a tree's
+    root and nodes (its padding columns see causally and are never kept)."""
+    block = np.tril(np.ones((len(proposals), n, n), dtype=bool))
+    for b, p in enumerate(proposals):
+        if p.tree is not None:
+            m = len(p.tree) + 1
+            block[b, :m, :m] = np.asarray(p.tree.ancestor_mask(), dtype=bool)
+    return mx.array(block)
 
 
 def _joint_capture(captures: list, states) -> Capture | None:

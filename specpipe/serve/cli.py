@@ -9,8 +9,9 @@ conf/serve.yaml. Every drafter batches: each row has its own drafter (a draft mo
 MTP head's, layer skip's), sampler and budget, built from `cfg.draft` / `cfg.budget` with
 `build_plugin` as a CLI run builds them (`budget=auto`, `adaptive`, `confidence` plan each row's K
 from that row's acceptance); recurrent, hybrid and sliding-window targets batch too (batch/cache.py).
-What cannot batch yet (a cache layer the batch cannot hold, token trees) is served one request at a
-time, said in one line at start naming what to use instead. Every batched step's rows, their K
+Token trees (tree=static|dynamic, draft=lookahead) batch too: each tree row's nodes sit in the batch's
+mask. A target whose cache the batch cannot hold is served one request at a time, said in one line at
+start naming what to use instead. Every batched step's rows, their K
 and their budgets' reasons are a line of `steps.jsonl`.
 """
 
@@ -250,19 +251,11 @@ def _worker(cfg, session, metrics, log_step):
 def batch_refusal(session) -> str | None:
     """Why this session's requests cannot share a batch (one line naming what to use), or None.
 
-    Every drafter batches (each row proposes with its own drafter, budget and sampler); what cannot yet:
-    a target with cache layers the batch cannot hold (batch/cache.py storage_refusal), token trees."""
+    Every drafter and token trees batch (each row proposes with its own drafter, budget and sampler); what
+    cannot yet: a target with cache layers the batch cannot hold (batch/cache.py storage_refusal)."""
     from specpipe.batch.decoder import refusal
 
-    why = refusal(session.target)
-    if why:
-        return why
-    if session.tree is not None:
-        return (
-            f"tree={session.tree.shape.label()}: token trees are verified one request at a time; "
-            "tree=chain batches every drafter but lookahead"
-        )
-    return None
+    return refusal(session.target)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -78,6 +78,7 @@ class TreeProposal:
     forwards: int
     capture: Any
     started: float = 0.0  # perf_counter when the forward began (the verify's seconds)
+    kept_rows: list[int] = field(default_factory=list)  # after settle: the fed columns kept (root, then path)
 
     @property
     def fed_ids(self) -> list[int]:
@@ -119,7 +120,9 @@ class TreeProposal:
 
         # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
         s = time.perf_counter()
-        keep_path(row.cache, self.start, kept_rows)
+        self.kept_rows = kept_rows
+        if row.batch is None:  # a row of a batch keeps them through the batch's commit (the rest become holes)
+            keep_path(row.cache, self.start, kept_rows)
         tail = self.draft.cached_tail
         agreed = 0
         while agreed < min(len(path_ids), len(tail)) and path_ids[agreed] == tail[agreed]:
@@ -129,7 +132,7 @@ class TreeProposal:
         yield RolledBack(
             t=clock(),
             step=row.step,
-            strategy="tree-compact",
+            strategy="tree-compact" if row.batch is None else "mask",
             target_dropped=len(tree) - len(path_ids),
             draft_dropped=draft_drop,
             seconds=time.perf_counter() - s,
@@ -179,7 +182,8 @@ def propose_tree_row(row: Row, room: int, clock) -> Generator[Event, None, TreeP
     )
     # draft=mtp / eagle3 read the target's hidden states / taps: the tree forward records them as a chain's verify does
     capture = row.draft_capture
-    return TreeProposal(plan, draft, tree, row.cache[0].offset, draft_s, forwards, capture, time.perf_counter())
+    start = row.cache[0].offset if row.batch is None else len(context) - 1  # the cache: all but the newest token
+    return TreeProposal(plan, draft, tree, start, draft_s, forwards, capture, time.perf_counter())
 
 
 def prune_depth(tree: TokenTree, max_depth: int) -> TokenTree:
