@@ -340,6 +340,9 @@ class Eagle3DraftConfig(PluginConfig):
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
+    kind: str = MISSING  # mtp | eagle3 (specpipe/train/eagle3.py)
+    draft_vocab: int = MISSING  # kind=eagle3: ids in the head's draft vocabulary (the target's most frequent)
+    layers: list[int] | None = MISSING  # kind=eagle3: tapped layers; None: (2, N//2, N-3)
     corpus: str | None = MISSING  # folder or text file; None: Python's stdlib + installed packages
     out: str | None = MISSING  # head folder; None: next to the model (where draft=mtp looks)
     sequences: int = MISSING  # corpus size in seq_len-token sequences (target hidden states are precomputed once)

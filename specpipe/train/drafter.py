@@ -1,4 +1,5 @@
-"""`specpipe-train-drafter`: train an MTP head for any loaded target, offline.
+"""`specpipe-train-drafter`: train an MTP head (or, kind=eagle3, an EAGLE-3 head: train/eagle3.py) for any
+loaded target, offline.
 
 Contract: the target stays frozen; only the head (fc + one block shaped
 like the target's last layer, initialised from it + norms) learns to predict
@@ -181,12 +182,18 @@ def train(cfg) -> Path:
     """Train per `cfg` (conf/train_drafter.yaml); returns the head folder."""
     if not 0.0 <= cfg.answers <= 1.0:
         raise SpecpipeError(f"answers={cfg.answers}: give the share of answer sequences, 0.0..1.0")
+    if cfg.kind not in ("mtp", "eagle3"):
+        raise SpecpipeError(f"kind={cfg.kind!r}: specpipe-train-drafter trains kind=mtp or kind=eagle3 heads")
     from omegaconf import OmegaConf
 
     from specpipe.engine.load.loader import load_target
 
     target = load_target(cfg)
     target.model.freeze()
+    if cfg.kind == "eagle3":
+        from specpipe.train import eagle3
+
+        return eagle3.train(cfg, target)
     inner, lm_head = llama_parts(target.model, "mtp")
     out = Path(cfg.out).expanduser() if cfg.out else default_head_dir(target.info)
     state_dir = out / "train_state"

@@ -84,7 +84,7 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.rope = initialize_rope(hd, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
 
-    def __call__(self, x: mx.array, mask, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
         b, n, _ = x.shape
         q = self.q_proj(x).reshape(b, n, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, n, self.n_kv, self.head_dim)
@@ -92,8 +92,10 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
-        q, k = self.rope(q, offset=cache.offset), self.rope(k, offset=cache.offset)
-        k, v = cache.update_and_fetch(k, v)
+        offset = cache.offset if cache is not None else 0  # None: a whole sequence at once (training)
+        q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
         out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
@@ -122,7 +124,7 @@ class FirstLayer(nn.Module):
         self.mlp = Mlp(cfg)
         self.norm_before_residual = cfg.norm_before_residual
 
-    def __call__(self, embeds: mx.array, hidden: mx.array, mask, cache: KVCache) -> mx.array:
+    def __call__(self, embeds: mx.array, hidden: mx.array, mask, cache: KVCache | None) -> mx.array:
         residual = hidden
         hidden = self.hidden_norm(hidden)
         if self.norm_before_residual:
@@ -142,7 +144,7 @@ class Layer(nn.Module):
         self.self_attn = Attention(cfg, cfg.hidden_size)
         self.mlp = Mlp(cfg)
 
-    def __call__(self, x: mx.array, mask, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -214,18 +216,25 @@ class Eagle3Head(nn.Module):
         Returns:
             (logits [n, draft_vocab] float32, out [n, H]: what the next chained step reads).
         """
-        e = self.embed(token_ids[None])
-        h = hidden[None].astype(e.dtype)
-        mask = "causal" if token_ids.shape[0] > 1 else None
-        h = self.layers[0](e, h, mask, cache[0])
-        for layer, c in zip(self.layers[1:], cache[1:]):
+        logits, h = self.forward(token_ids[None], hidden[None], cache)
+        return logits[0].astype(mx.float32), h[0]
+
+    def forward(self, token_ids: mx.array, hidden: mx.array, cache: list[KVCache] | None = None):
+        """`step` over [B, n] pairs: (logits [B, n, draft_vocab], out [B, n, H]); cache None: each row is a
+        whole sequence from position 0, causal (what training runs; specpipe/train/eagle3.py)."""
+        e = self.embed(token_ids)
+        h = hidden.astype(e.dtype)
+        mask = "causal" if token_ids.shape[1] > 1 else None
+        caches = cache if cache is not None else [None] * len(self.layers)
+        h = self.layers[0](e, h, mask, caches[0])
+        for layer, c in zip(self.layers[1:], caches[1:]):
             h = layer(h, mask, c)
         if self.cfg.norm_output:
             h = self.norm(h)
             logits = self.lm_head(h)
         else:
             logits = self.lm_head(self.norm(h) if self.cfg.logits_norm else h)
-        return logits[0].astype(mx.float32), h[0]
+        return logits, h
 
     def target_ids(self, draft_ids: mx.array) -> mx.array:
         """Draft-vocabulary ids -> target ids (`d + d2t[d]`)."""
