@@ -219,7 +219,12 @@ def test_heads_in_a_chain_get_every_verifys_hidden_states_and_taps(tmp_path):
     cfg = head_config()
     eagle = write(tmp_path / "eagle3", "eagle", cfg, random_weights(cfg, seed=1))
     drafter = chain(
-        target, None, ["ngram", "mtp", "eagle3"], mtp={"head": str(tmp_path / "mtp")}, eagle3={"path": str(eagle)}
+        target,
+        None,
+        ["ngram", "mtp", "eagle3"],
+        ngram={"min_n": 3},  # matches on the prompt's repeats, not on every step: the heads get steps too
+        mtp={"head": str(tmp_path / "mtp")},
+        eagle3={"path": str(eagle)},
     )
     assert drafter.capture is not None and drafter.capture.hidden and drafter.capture.layers
     for budget in (FixedBudget(k=4), prepared(AutoBudget(), target, drafter)):

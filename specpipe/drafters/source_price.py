@@ -46,17 +46,25 @@ class SourcePrice:
     skipped: int = 0
     timed: int = 0  # drafts whose seconds moved c from its prior (weight bytes, or the drafter's own figure)
 
-    def k_to_draft(self, k: int, slope: float, probe_every: int) -> int:
-        """The K up to `k` that maximises this source's expected speed-up; 0 when none beats a plain step
-        (counted as a skip: after `probe_every` skips in a row it drafts the plan's k once, to learn)."""
+    def best(self, k: int, slope: float) -> tuple[int, float]:
+        """(the K up to `k` that maximises this source's expected speed-up, that speed-up); (0, 1.0): none of
+        them beats a plain step. Ties go to the shorter draft."""
         from specpipe.costmodel.calibration import expected_speedup  # MLX: not at import (preflight)
 
         if k <= 0:
-            return 0
+            return 0, 1.0
         alpha, g = _optimistic(self.first), _optimistic(self.nxt)
         ratio = ratio_curve(slope, k)
         scores = {j: expected_speedup(alpha, j, self.c, ratio, g) for j in range(0, k + 1)}
-        best = max(scores, key=lambda j: (scores[j], -j))  # ties go to the shorter draft
+        j = max(scores, key=lambda j: (scores[j], -j))
+        return j, scores[j]
+
+    def k_to_draft(self, k: int, slope: float, probe_every: int) -> int:
+        """`best`'s K, counting a 0 as a skip: after `probe_every` skips in a row it drafts the plan's k once,
+        to learn (its rates follow the text)."""
+        if k <= 0:
+            return 0
+        best, _ = self.best(k, slope)
         if best > 0:
             self.skipped = 0
             return best
@@ -65,13 +73,6 @@ class SourcePrice:
             self.skipped = 0
             return k
         return 0
-
-    def pays(self, k: int, slope: float) -> bool:
-        """A draft of k tokens from this source, already in hand, beats a plain step (a free source's class)."""
-        from specpipe.costmodel.calibration import expected_speedup
-
-        ratio = ratio_curve(slope, k)
-        return k > 0 and expected_speedup(_optimistic(self.first), k, self.c, ratio, _optimistic(self.nxt)) >= 1.0
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verified draft of `drafted` tokens whose first `accepted` held."""

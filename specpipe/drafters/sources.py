@@ -4,8 +4,9 @@ priced per step by its own measured cost per drafted token and acceptance; a pla
 Contract: `ChainDrafter.propose(context_ids, plan)` returns the first paying source's Draft unchanged (its q
 rows too, so a sampled comparator sees the proposing source's distribution: exact), with `Draft.source`
 naming it. A source that runs a model is priced before it is asked (source_price.SourcePrice on the plan's
-k); a free one (no engine, no cost: n-gram, lookahead) is asked first and its draft then priced by its
-evidence class (n-gram: the match length), since asking costs nothing. The verdict comes back through
+k); a free one (no engine, no cost: n-gram, lookahead) is asked first, since asking costs nothing, and its
+draft in hand, priced by its evidence class (n-gram: the match length), goes on unless a later costly
+source is expected to return more. The verdict comes back through
 `rollback(kept_len)`: accepted = kept_len - the context's length, of the tokens the step verified (the
 proposal's Draft, which the step cuts to the budget's k in place). Prefill, rollback, hindsight, hidden
 states and tree feedback go to every source that holds state, so each keeps its own cache consistent with
@@ -223,13 +224,8 @@ class ChainDrafter(DrafterBase):
             s0 = time.perf_counter()
             draft = s.propose(context_ids, StepPlan(k=k) if self.free[i] else replace(plan, k=k))
             draft_s = time.perf_counter() - s0
-            if draft.token_ids and self.free[i]:
-                # asked for free, priced once in hand: its class's rates keep what pays (n-gram: a short
-                # match on prose may keep nothing, and the next source drafts instead)
-                keep = self._class_price(i, s.last_evidence).k_to_draft(
-                    len(draft.token_ids), self._slope, self.probe_every
-                )
-                draft = _cut(draft, keep)
+            if draft.token_ids and self.free[i] and self._later_pays_more(i, len(draft.token_ids), s, plan.k):
+                continue  # its class is worth less here than a later source's draft (n-gram: a short match on prose)
             if not draft.token_ids:
                 continue
             if not self.free[i] and draft.catchup_tokens <= 1:
@@ -275,6 +271,14 @@ class ChainDrafter(DrafterBase):
 
     # ---------------------------------------------------------------- prices
 
+    def _later_pays_more(self, i: int, drafted: int, source: Drafter, k: int) -> bool:
+        """A free source's draft of `drafted` tokens is in hand: whether a later costly source is expected
+        to return more (its rates and cost at the plan's k) than this draft's class does. Otherwise the draft
+        goes on whole, and the budget sizes it (budget=auto fits it to its own rates per class)."""
+        _, mine = self._class_price(i, source.last_evidence).best(drafted, self._slope)
+        later = [self.prices[j].best(k, self._slope)[1] for j in range(i + 1, len(self.sources)) if not self.free[j]]
+        return max(later, default=1.0) > mine
+
     def _class_price(self, i: int, evidence: int | None) -> SourcePrice:
         """A free source's price for drafts of class `evidence` (its pooled price without a class)."""
         if evidence is None:
@@ -300,14 +304,6 @@ class ChainDrafter(DrafterBase):
     def _count_forwards(self) -> None:
         self.forwards = sum(s.forwards for s in self.sources)
         self.cached_len = self._primary.cached_len if self._primary is not None else 0
-
-
-def _cut(draft: Draft, k: int) -> Draft:
-    """The draft's first k tokens (and their q rows)."""
-    if k >= len(draft.token_ids):
-        return draft
-    probs = draft.probs[:k] if draft.probs is not None and k > 0 else None
-    return replace(draft, token_ids=draft.token_ids[:k], probs=probs)
 
 
 def _prior_cost(source: Drafter, target) -> float:
