@@ -6,6 +6,7 @@ one K too long for the first and too short for the second (docs/benchmarks/log/2
 
 from __future__ import annotations
 
+import pytest
 from conftest import first_difference, generate, make_drafter, prepared, tiny
 
 from specpipe.budgets.auto import AutoBudget
@@ -48,8 +49,10 @@ def test_a_new_class_starts_from_the_pooled_rates_and_a_free_draft_is_never_one_
         b.observe(b.fit_k(2, 16), 3)  # class 2: the first three tokens hold
     pooled = (b.alpha, b.continuation)
     b.next_k()
-    k = b.fit_k(3, 16)  # never seen: priced on the pooled rates
-    assert (b.decision.alpha, b.decision.continuation) == (round(pooled[0], 4), round(pooled[1], 4))
+    k = b.fit_k(3, 16)  # never seen: priced on the pooled rates (its continuation thin: tested long, test_auto_sizing)
+    first, nxt = b._class(3)
+    assert (first[0] / sum(first), nxt[0] / sum(nxt)) == (pytest.approx(pooled[0]), pytest.approx(pooled[1]))
+    assert b.decision.alpha == round(pooled[0], 4) and b.decision.continuation >= round(pooled[1], 4)
     assert k != 1
 
 

@@ -99,6 +99,11 @@ MEASURED_WINDOW = 9  # verify timings: the median of the last few per length, ro
 PLAIN_TIMINGS = 3  # plain-step timings the measured curve needs before its T(1) is trusted without a refresh
 PLAIN_STALE = 32  # verifies since the last plain one after which T(1) is timed again where a verify's gain is thin
 PRIOR_TRIALS = 2.0  # weight of the pooled rates a new evidence class starts from
+EXPLORE_COST = 0.9  # a longer draft that tests a thin continuation may be priced this share of the best one
+THIN_TRIALS = 2 * PRIOR_TRIALS  # a continuation with fewer trials than this is tested on a longer draft
+LOSS_STEPS = 5.0  # drafting steps' worth of this run's timings (forgotten) before `realized` is judged
+LOSS_MARGIN = 0.97  # drafting that returned under this share of plain's speed stops, but for probes
+NEW_REQUEST_STEPS = 2.0  # weight of the last request's realized figures in a new one
 CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
 # (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
 # sweep job) starts from them instead of the 0.5 prior. Within a session one budget serves every turn.
@@ -135,6 +140,8 @@ class AutoBudget(BudgetBase):
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
         self.lookup_k = k_max  # a model drafter's free lookup drafts up to k_max; fit sizes it by its class
         self.probe_max, self.quick = probe_max, quick
+        self._realized = (0.0, 0.0, 0.0)  # drafting steps: tokens, cost in plain steps, steps (each forgotten)
+        self._room = 0  # the last plan's room: a larger one starts a new request
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
         # a weak prior, two trials' worth each: [successes, failures]
         self._first = [2 * prior_alpha, 2 * (1 - prior_alpha)]
@@ -381,6 +388,8 @@ class AutoBudget(BudgetBase):
         """K for this step. With K = 0, `hindsight_k` > 0 asks the step to look back instead (plan carries it)."""
         self.hindsight_k = 0
         self._step_evidence = None
+        if self.lost:
+            return self._plain_while_lost()
         if self._classes and self.c * self.k_max < FREE and self._best(self.alpha) > 0:
             # a free drafter that classifies its drafts, on text where drafting pays: let it propose all it
             # can, fit sizes the draft by its class. Where the pooled rates say plain (prose), the steps stay
@@ -420,9 +429,19 @@ class AutoBudget(BudgetBase):
     def plan(self, cache_len: int, room: int) -> StepPlan:
         """This step's K (`next_k` at this cache length), with what else the decision set: the chain stop, the
         look back on a plain step, a free lookup's k_max; never past `room`."""
+        if room > self._room:  # room only falls within a run: this is a new request's first drafting step
+            self._new_request()
+        self._room = room
         self.at_context(cache_len)
         k = self.next_k()
         return self._planned(StepPlan(k=k, lookup_k=self.lookup_k)).capped(room)
+
+    def _new_request(self) -> None:
+        """The last request's realized figures stay as a prior of NEW_REQUEST_STEPS steps' worth, under what
+        LOSS_STEPS needs: each request is judged on its own steps (the bench's next question, a chat's next turn)."""
+        won, spent, steps = self._realized
+        keep = min(1.0, NEW_REQUEST_STEPS / steps) if steps else 0.0
+        self._realized = (won * keep, spent * keep, steps * keep)
 
     def fit(self, plan: StepPlan, evidence: int, drafted: int) -> StepPlan:
         """The plan for a draft of class `evidence` in hand (`fit_k`), with the decision and look back it set."""
@@ -445,6 +464,9 @@ class AutoBudget(BudgetBase):
         first, nxt = self._class(evidence)
         rates = (first[0] / sum(first), nxt[0] / sum(nxt))
         best, reason = self._best(*rates, c=c), "cost model"
+        longer = self._longer(best, *rates, nxt, c)
+        if longer > best:  # the class's continuation is thin evidence: test it on a longer draft
+            best, reason, rates = longer, "probe", (rates[0], _optimistic(nxt))
         if best == 0:
             hopeful = (_optimistic(first), _optimistic(nxt))
             if self.hindsight:
@@ -464,6 +486,26 @@ class AutoBudget(BudgetBase):
         self.k = min(best, k)
         return self._decide(self.k, reason, rates, evidence, c=c)
 
+    def _longer(self, k: int, alpha: float, g: float, nxt: list[float], c: float) -> int:
+        """For k > 0 and a continuation `nxt` ([held, not held]) of under THIN_TRIALS trials, the K that pays
+        best at its optimistic value among those the point rates price within EXPLORE_COST of k's (and above
+        plain); else k. Thicker evidence is not explored: a class that holds two tokens and never a third
+        would otherwise draft ~9 at a 10% loss for good.
+
+        A class's continuation is learned only from its drafts' second and later tokens, so short drafts keep
+        it at its prior: translation-201 (SmolLM2 + n-gram) drafted K = 2 at 74-84% first-token acceptance for
+        a dozen steps while its continuation crept up from 0.5, and ran at 2.2x of plain against fixed K = 8's
+        4.3x. One long draft that holds says more than ten short ones; one that fails costs a few percent."""
+        from specpipe.costmodel.calibration import expected_speedup
+
+        hopeful = _optimistic(nxt)
+        if k == 0 or sum(nxt) >= THIN_TRIALS or hopeful <= g:
+            return k
+        floor = max(1.0, EXPLORE_COST * expected_speedup(alpha, k, c, self.ratio, g))
+        near = [m for m in range(1, self.k_max + 1) if expected_speedup(alpha, m, c, self.ratio, g) >= floor]
+        hoped = {m: expected_speedup(alpha, m, c, self.ratio, hopeful) for m in near}
+        return max(k, max(hoped, key=lambda m: (hoped[m], -m)))
+
     def _hold_rates(self) -> tuple[float, ...]:
         """ChainStop.hold: each tenth of confidence's hold rate plus one standard error (a tenth never verified
         keeps its prior's doubt), then never above a higher tenth's: chains at 0.3-0.4 that fail say that
@@ -473,6 +515,45 @@ class AutoBudget(BudgetBase):
             lowest = min(lowest, _optimistic(counts))
             rates.append(lowest)
         return tuple(reversed(rates))
+
+    @property
+    def realized(self) -> float | None:
+        """This run's drafting steps' tokens per plain step's time (their own verify and draft seconds over the
+        median plain step's), forgotten as the rates are; None before LOSS_STEPS steps' worth or without
+        PLAIN_TIMINGS plain steps. What the cost model predicted, measured: the two part where it misprices."""
+        won, spent, steps = self._realized
+        return won / spent if steps >= LOSS_STEPS and spent > 0 else None
+
+    @property
+    def lost(self) -> bool:
+        """Drafting returned under LOSS_MARGIN of plain's speed on this run: steps stay plain but for probes."""
+        realized = self.realized
+        return realized is not None and realized < LOSS_MARGIN
+
+    def _plain_while_lost(self) -> int:
+        """A plain step (a look back where that is free), and on the probe schedule a probe at the K the cost
+        model would draft, so the loss is bounded by the probes' and a text that turns predictable is found.
+        qa-334 (SmolLM2 + n-gram): every K lost (0.76-0.81x) while the cost model priced drafts above plain."""
+        self._since_probe += 1
+        if self.hindsight and self.c * self.probe_k < FREE:
+            self.hindsight_k = self.probe_k
+        if self._since_probe < self._probe_wait:
+            self.k = 0
+            return self._decide(0, "lost")
+        self._advance_probe_schedule()  # the next probe waits twice as long unless this one wins
+        self.hindsight_k = 0
+        self.k = max(self.probe_k, self._best(self.alpha))
+        return self._decide(self.k, "probe")
+
+    def _realize(self, drafted: int, accepted: int, draft_s: float | None, verify_s: float | None) -> None:
+        """Count one drafting step's tokens and its seconds in plain steps' units (`realized`)."""
+        plain = self._seconds.get(1)
+        if not drafted or not verify_s or not plain or len(plain) < PLAIN_TIMINGS:
+            return
+        cost = (verify_s + (draft_s or 0.0)) / statistics.median(plain)
+        won, spent, steps = self._realized
+        f = self.forget
+        self._realized = (f * won + accepted + 1, f * spent + cost, f * steps + 1)
 
     def _advance_probe_schedule(self) -> None:
         """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
@@ -506,6 +587,7 @@ class AutoBudget(BudgetBase):
         if drafted == 0:
             self._drafted_before = False
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
+        self._realize(drafted, accepted, draft_s, verify_s)
         if self._lookup_drafts and self._drafter is not None and self._drafter.last_evidence is not None:
             # a lookup draft beside a model (read from the drafter: an override step skips fit): its class
             # learns; the model's rates, its cost c and the chain stop's rate S do not (a free step's tokens
