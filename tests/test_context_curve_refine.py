@@ -12,7 +12,7 @@ from conftest import tiny
 
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.costmodel.context_curve import ContextCurve, cached_curves, curve_path
+from specpipe.costmodel.context_curve import ContextCurve, cached_curves, context_lengths, curve_path
 from specpipe.costmodel.refine import next_length, refine_idle
 
 
@@ -103,3 +103,53 @@ def test_other_budgets_refine_nothing(engine):
 
 def _monotone_at(ratio: dict[int, float], n: int) -> float:
     return max(ratio[m] for m in range(2, n + 1)) if n > 1 else 1.0
+
+
+# ---- the chat's hook: between turns, until the next one starts
+
+
+def test_a_chat_source_refines_after_a_long_turn(tmp_path, monkeypatch):
+    """LiveSource.refine_idle, as the chat calls it between turns: a turn past FIRST_CONTEXT / 2 positions
+    leaves the curves up to its context's timed and cached for the next one."""
+    from test_tui import tiny_cfg
+
+    from specpipe.core.pipeline import RunControl
+    from tui.sources import LiveSource
+
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path))
+    source = LiveSource(tiny_cfg("budget=auto", "max_tokens=8", "prompt.chat=false"))
+    long_text = " ".join(f"w{i % 50}" for i in range(400))
+    events = list(source.generate([{"role": "user", "content": long_text}], RunControl()))
+    assert events[-1].token_ids
+    source.refine_idle(lambda: False)
+    target, curve = source.session.target, source.session.budget.context_curve
+    timed = set(cached_curves(target))
+    assert 1024 in timed and next_length(target, curve) is None
+    # up to the first timed length past the turn's context, none beyond
+    assert max(timed) == min(n for n in context_lengths(target) if n >= curve.longest)
+
+
+async def test_the_chat_refines_between_turns_and_stops_for_the_next_one():
+    import time
+
+    from test_tui import SIZE, answers, scripted_events, wait_for
+
+    from tui.app import ChatApp
+    from tui.sources import ReplaySource
+
+    class Recording(ReplaySource):
+        calls: list[str] = []
+
+        def refine_idle(self, should_stop) -> None:
+            self.calls.append("idle")
+            while not should_stop():
+                time.sleep(0.01)
+            self.calls.append("stopped")
+
+    source = Recording(scripted_events(), speed=0)
+    app = ChatApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.control is None and answers(app) and source.calls == ["idle"])
+        await pilot.press("enter")  # the next turn: the idle refinement is told to stop, then it runs again
+        await wait_for(pilot, lambda: len(answers(app)) == 2 and app.control is None and len(source.calls) >= 3)
+        assert source.calls[:3] == ["idle", "stopped", "idle"]
