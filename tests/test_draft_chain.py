@@ -112,7 +112,8 @@ def test_a_source_that_does_not_pay_is_skipped_and_the_step_is_plain(pair):
     assert not drafted and final.stats.drafted == 0 and final.stats.draft_forwards == 0
 
 
-def test_a_tree_step_asks_the_sources_too(pair):
+@pytest.mark.parametrize("sources", [["ngram", "model"], ["lookahead", "ngram"], ["ngram", "lookahead"]])
+def test_a_tree_step_asks_the_sources_too(pair, sources):
     from conftest import run_pipeline
 
     from specpipe.trees.proposal import tree_parts
@@ -121,7 +122,7 @@ def test_a_tree_step_asks_the_sources_too(pair):
     target, draft, prompt, baseline, _ = pair
     if target.info.arch != "llama":
         pytest.skip("token trees need attention-only targets")
-    drafter = chain(target, draft, ["ngram", "model"])
+    drafter = chain(target, draft, sources)
     parts = tree_parts(target, drafter, TreeShape(kind="dynamic", nodes=8, depth=4))
     got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree=parts)
     assert got == baseline[: len(got)] and len(got) == MAX_TOKENS and final.stats.tree_steps > 0

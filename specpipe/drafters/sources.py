@@ -8,10 +8,10 @@ k); a free one (no engine, no cost: n-gram, lookahead) is asked first, since ask
 draft in hand, priced by its evidence class (n-gram: the match length), goes on unless a later costly
 source is expected to return more. The verdict comes back through
 `rollback(kept_len)`: accepted = kept_len - the context's length, of the tokens the step verified (the
-proposal's Draft, which the step cuts to the budget's k in place). Prefill, rollback, hindsight, hidden
-states and tree feedback go to every source that holds state, so each keeps its own cache consistent with
-the target's accepted tokens whichever source drafted. Nothing here imports MLX at import time (preflight
-calls `check_sources`).
+proposal's Draft, which the step cuts to the budget's k in place). Prefill, rollback, hindsight and hidden
+states go to every source that holds state, so each keeps its own cache consistent with the target's
+accepted tokens whichever source drafted; a tree's verdict goes to the source that drafted it. Nothing
+here imports MLX at import time (preflight calls `check_sources`).
 
 Towards budget=auto the chain looks like a model drafter with a prompt lookup in front (drafters/model.py
 lookup_min_n), which is the case [ngram, model] of it: `engine` and `cost_per_token` are its first costly
@@ -129,6 +129,7 @@ class ChainDrafter(DrafterBase):
         self._t1_s = 0.0  # a target forward's seconds, measured from this run's verifies
         # the step's proposal until its verdict: (source, evidence class, context length, draft, verify start)
         self._pending: tuple[int, int | None, int, Draft, float] | None = None
+        self._tree_source: Drafter | None = None  # the source whose tree this step verifies
         self.counts = {n: [0, 0] for n in self.names}  # source -> [drafted, accepted] over its lifetime
         self.forwards = 0
 
@@ -200,8 +201,10 @@ class ChainDrafter(DrafterBase):
         return sum(s.rollback(kept_len) for s in self.sources)
 
     def observe_tree(self, context_len: int, tree: TokenTree, argmax_ids: list[int], emitted: int) -> None:
-        for s in self.sources:  # lookahead's window advances on every tree step, whoever drafted it
-            s.observe_tree(context_len, tree, argmax_ids, emitted)
+        """The tree's verdict goes to the source that drafted it: lookahead reads its own window's rows in it
+        (a window it fed on an earlier step would be matched against another source's nodes)."""
+        if self._tree_source is not None:
+            self._tree_source.observe_tree(context_len, tree, argmax_ids, emitted)
 
     # ---------------------------------------------------------------- drafting
 
@@ -259,12 +262,13 @@ class ChainDrafter(DrafterBase):
         from specpipe.trees.drafting import TreeDraft
         from specpipe.trees.tree import TokenTree
 
-        self._pending = None
+        self._pending, self._tree_source = None, None
         tree = TreeDraft(TokenTree())
         for s in self.sources:
             if s.supports_trees:
                 tree = s.propose_tree(context_ids, shape)
                 if tree.candidates.tokens:
+                    self._tree_source = s
                     break
         self._count_forwards()
         return tree
