@@ -143,7 +143,7 @@ def test_concurrent_streams_each_get_their_answer_alone(ngram, target):
 
 def test_a_served_chat_rebuilds_the_steps_with_their_rejected_drafts(ngram):
     source = ServerSource(ngram.base, "tiny-random", max_tokens=MAX_TOKENS)
-    events = list(source.generate([{"role": "user", "content": PROMPT}], SimpleNamespace(stop_requested=False)))
+    events = list(source.generate([{"role": "user", "content": PROMPT}], SimpleNamespace(stop_requested=False, k=None)))
     finished = events[-1]
     assert isinstance(finished, RunFinished) and finished.stop_reason in ("eos", "max_tokens")
     verified = [e for e in events if isinstance(e, Verified)]
@@ -202,7 +202,9 @@ def test_an_older_server_without_token_ids_is_shown_as_text():
     thread.start()
     try:
         source = ServerSource(f"http://127.0.0.1:{httpd.server_port}", "old")
-        events = list(source.generate([{"role": "user", "content": "x"}], SimpleNamespace(stop_requested=False)))
+        events = list(
+            source.generate([{"role": "user", "content": "x"}], SimpleNamespace(stop_requested=False, k=None))
+        )
     finally:
         httpd.shutdown()
         httpd.server_close()

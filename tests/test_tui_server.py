@@ -53,7 +53,7 @@ def test_events_follow_the_servers_answer_and_draft_flags(server):
     model = check_server(server.base)
     source = ServerSource(server.base, model)
     messages = [{"role": "user", "content": PROMPT}]
-    events = list(source.generate(messages, SimpleNamespace(stop_requested=False)))
+    events = list(source.generate(messages, SimpleNamespace(stop_requested=False, k=None)))
 
     assert isinstance(events[0], RunStarted) and events[0].target.name == model
     finished = events[-1]
@@ -77,7 +77,7 @@ def test_events_follow_the_servers_answer_and_draft_flags(server):
 def test_a_stop_ends_the_answer_and_frees_the_servers_slot(server):
     # A long answer (4000 tokens of the tiny model take seconds): the stop lands while the server still streams.
     source = ServerSource(server.base, check_server(server.base), max_tokens=4000)
-    control = SimpleNamespace(stop_requested=False)
+    control = SimpleNamespace(stop_requested=False, k=None)
     events = []
     for event in source.generate([{"role": "user", "content": PROMPT}], control):
         events.append(event)
