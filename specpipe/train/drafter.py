@@ -200,20 +200,7 @@ def train(cfg) -> Path:
 
     mx.random.seed(cfg.seed)
     head, layer_idx = new_head(inner)
-    opt = optim.AdamW(
-        learning_rate=optim.join_schedules(
-            [
-                optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
-                optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05),
-            ],
-            [cfg.warmup],
-        ),
-        weight_decay=0.0,
-    )
-    step = 0
-    if cfg.resume and (state_dir / "state.json").exists():
-        step = _load_state(state_dir, head, opt)
-        print(f"resuming at step {step} from {state_dir}", file=sys.stderr)
+    opt, step = optimizer(cfg, head, state_dir)
 
     loss_and_grad = nn.value_and_grad(head, make_loss(inner, lm_head, cfg.unroll, cfg.ce_weight))
     files = corpus_files(cfg.corpus, cfg.seed, cfg.max_files)
@@ -313,6 +300,26 @@ def train(cfg) -> Path:
         file=sys.stderr,
     )
     return out
+
+
+def optimizer(cfg, head, state_dir: Path) -> tuple[optim.Optimizer, int]:
+    """AdamW under warm-up then cosine decay (cfg.lr, cfg.warmup, cfg.steps), and the step to start at: the saved
+    one when cfg.resume finds a state in `state_dir` (head and optimizer restored), else 0. Every head kind's."""
+    opt = optim.AdamW(
+        learning_rate=optim.join_schedules(
+            [
+                optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
+                optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05),
+            ],
+            [cfg.warmup],
+        ),
+        weight_decay=0.0,
+    )
+    step = 0
+    if cfg.resume and (state_dir / "state.json").exists():
+        step = _load_state(state_dir, head, opt)
+        print(f"resuming at step {step} from {state_dir}", file=sys.stderr)
+    return opt, step
 
 
 def _pct(values: list[float]) -> str:

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 
 from specpipe import signals
@@ -179,20 +178,7 @@ def train(cfg, target) -> Path:
     if lm_weight is None:  # a tied LM head: the embedding's rows
         lm_weight = inner.embed_tokens.weight
     head = new_head(target, inner, lm_weight, hcfg, ids)
-    opt = optim.AdamW(
-        learning_rate=optim.join_schedules(
-            [
-                optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup),
-                optim.cosine_decay(cfg.lr, max(cfg.steps - cfg.warmup, 1), cfg.lr * 0.05),
-            ],
-            [cfg.warmup],
-        ),
-        weight_decay=0.0,
-    )
-    step = 0
-    if cfg.resume and (state_dir / "state.json").exists():
-        step = common._load_state(state_dir, head, opt)
-        print(f"resuming at step {step} from {state_dir}", file=sys.stderr)
+    opt, step = common.optimizer(cfg, head, state_dir)
     loss_and_grad = nn.value_and_grad(head, make_loss(cfg.unroll, t2d))
 
     n = data["tokens"].shape[0]
