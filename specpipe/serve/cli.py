@@ -149,13 +149,6 @@ def _check_values(cfg) -> None:
             "need shutdown_grace_s >= 0 and keep_alive_s > 0 (seconds)",
             EXIT_CONFIG,
         )
-    if not (0 <= cfg.batch.margin < 1 and cfg.batch.hindsight_len >= 0):
-        fail(
-            TOOL,
-            f"batch.margin={cfg.batch.margin}, batch.hindsight_len={cfg.batch.hindsight_len}: "
-            "need 0 <= batch.margin < 1 (e.g. 0.03) and batch.hindsight_len >= 0",
-            EXIT_CONFIG,
-        )
 
 
 def _listen_policy(cfg):

@@ -14,14 +14,6 @@ from specpipe.config import PipelineGroups, PromptConfig
 
 
 @dataclass
-class BatchServeConfig:
-    """budget=auto over a batch: what only a batch needs (its rates and probes are the budget's own keys)."""
-
-    margin: float = MISSING  # a K > 0 must beat plain decoding by this share
-    hindsight_len: int = MISSING  # tokens an n-gram row looks back on a plain step
-
-
-@dataclass
 class ServeConfig(PipelineGroups):
     prompt: PromptConfig = field(default_factory=PromptConfig)  # chat template use; text unused
     host: str = MISSING  # a non-loopback host needs allow_remote and an api_key
@@ -36,7 +28,6 @@ class ServeConfig(PipelineGroups):
     prefill_per_step: int = MISSING  # prompt tokens of joining requests prefilled between two decode steps
     shutdown_grace_s: float = MISSING  # after SIGTERM, in-flight responses get this long to be written
     keep_alive_s: float = MISSING  # an idle kept-alive connection closes after this long
-    batch: BatchServeConfig = field(default_factory=BatchServeConfig)
     stream: bool = MISSING  # unused by the server (kept for the Session's config view)
 
 
