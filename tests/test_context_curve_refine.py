@@ -152,4 +152,6 @@ async def test_the_chat_refines_between_turns_and_stops_for_the_next_one():
         await wait_for(pilot, lambda: app.control is None and answers(app) and source.calls == ["idle"])
         await pilot.press("enter")  # the next turn: the idle refinement is told to stop, then it runs again
         await wait_for(pilot, lambda: len(answers(app)) == 2 and app.control is None and len(source.calls) >= 3)
-        assert source.calls[:3] == ["idle", "stopped", "idle"]
+        # the first refinement was told to stop and the next turn's began: two worker threads, so the new one's
+        # "idle" may land before the old one's "stopped" (a LiveSource's lock orders their forwards, not this list)
+        assert source.calls[0] == "idle" and sorted(source.calls[:3]) == ["idle", "idle", "stopped"]
