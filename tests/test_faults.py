@@ -396,6 +396,36 @@ def test_stop_signal_while_starting_or_loading(tmp_path, sig, code, name):
     assert not folder.exists()  # nothing but Hydra's snapshot was there: removed
 
 
+def test_a_signal_inside_the_override_check_is_a_stop_not_a_bad_configuration(monkeypatch):
+    """A signal that lands inside OmegaConf can leave a half-built node whose next error OmegaConf wraps as a
+    composition error with an empty message (CI: `bad configuration:  (in the sweep job ...)`, exit 2 instead of
+    143). The check holds signals back per job and stops once that job's check ends."""
+    from hydra.errors import ConfigCompositionException
+
+    import specpipe.plugin_targets
+    from specpipe import signals
+    from specpipe.cli.argv import validate_overrides
+
+    def check_targets_hit_by_a_signal(cfg):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:  # what OmegaConf did with the interrupt it was in the middle of
+            raise ConfigCompositionException("") from None
+        return None
+
+    monkeypatch.setattr(specpipe.plugin_targets, "check_targets", check_targets_hit_by_a_signal)
+    previous = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            validate_overrides(["-m", "model=tiny-random", "budget.k=1,2"])
+        assert signals.received() == signal.SIGTERM
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signals.reset()
+
+
 def test_broken_stdout_pipe_keeps_the_summary(tmp_path):
     proc = start(
         "specpipe.cli",

@@ -222,7 +222,8 @@ def test_an_older_server_without_token_ids_is_shown_as_text():
     [
         ("max_batch=0", "need max_batch >= 1"),
         ("prefill_per_step=-1", "prefill_per_step >= 0"),
-        ("batch.margin=1.5", "0 <= batch.margin < 1"),
+        ("max_queue=0", "max_queue >= 1"),
+        ("shutdown_grace_s=-1", "shutdown_grace_s >= 0"),
         ("keep_alive_s=0", "keep_alive_s > 0"),
     ],
 )

@@ -126,6 +126,7 @@ def validate_overrides(
     from omegaconf.errors import OmegaConfBaseException
 
     import specpipe.config  # noqa: F401
+    from specpipe import signals
     from specpipe.errors import ConfigError
     from specpipe.plugin_targets import check_hydra_targets, check_targets
     from specpipe.preflight import check_config, check_overrides_text
@@ -151,18 +152,21 @@ def validate_overrides(
         jobs = sweep_jobs(plain) if multirun else [plain]
         with init:
             for job in jobs:
-                try:
-                    cfg = compose(config_name=config_name, overrides=[*job, *searchpath], return_hydra_config=True)
-                    with open_dict(cfg):
-                        hydra_node = cfg.pop("hydra")
-                    message = check_hydra_targets(hydra_node) or check_targets(cfg)
-                    if not message and snapshot:
-                        cfg = retype(cfg, app, where=f"{config_dir}/config.yaml")
-                    message = message or check_config(cfg)
-                except ConfigError as exc:
-                    message = str(exc)
-                except (HydraException, OmegaConfBaseException) as exc:
-                    message = describe_config_error(exc)
+                # a stop signal waits for this job's check, then raises: one that lands inside OmegaConf leaves a
+                # half-built node whose next error would read as a bad configuration (exit 2, not 130 / 143)
+                with signals.deferred():
+                    try:
+                        cfg = compose(config_name=config_name, overrides=[*job, *searchpath], return_hydra_config=True)
+                        with open_dict(cfg):
+                            hydra_node = cfg.pop("hydra")
+                        message = check_hydra_targets(hydra_node) or check_targets(cfg)
+                        if not message and snapshot:
+                            cfg = retype(cfg, app, where=f"{config_dir}/config.yaml")
+                        message = message or check_config(cfg)
+                    except ConfigError as exc:
+                        message = str(exc)
+                    except (HydraException, OmegaConfBaseException) as exc:
+                        message = describe_config_error(exc)
                 if message:
                     where = f" (in the sweep job {' '.join(job)})" if len(jobs) > 1 else ""
                     return message.replace("`specpipe --cfg", f"`{tool} --cfg") + where
