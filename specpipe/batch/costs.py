@@ -4,8 +4,8 @@ Contract: `cost_table(target, max_batch, max_n)` returns a `CostTable` of real f
 read from `<specpipe cache>/calibration/` when this target, precision, device and BLAS were
 timed before (the key of the single-row curve in specpipe/costmodel/calibration.py, plus the
 table's bounds), else timed now and saved. Timing is a server start-up step, never a
-constructor's side effect. Nothing prices a batch's step from it yet: each served row's own budget plans
-its K (batch/decoder.py); budget=auto pricing the whole step from T(B, n) is issue 34's next part.
+constructor's side effect. batch/pricing.py turns it into the price of a batched row's draft, which every
+budget=auto row plans its K by (specpipe-serve times it at start).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
+from specpipe.batch.pricing import BatchPricing
 from specpipe.core.protocols import BudgetBase, RollbackBase
 from specpipe.core.step import Row as StepRow
 from specpipe.core.step import step as one_step
@@ -254,16 +255,19 @@ class Joining:
 
 
 class BatchDecoder:
-    def __init__(self, target, plugins):
+    def __init__(self, target, plugins, pricing: BatchPricing | None = None):
         """
         Args:
             target: the target Engine (plain attention; see `refusal`).
             plugins: (seed, **sampling) -> RowPlugins: fresh per-row plug-ins.
+            pricing: the batch's price of a row's draft, from the measured T(B, n) (budget=auto rows plan by it
+                while B > 1); None: each row prices its draft as if alone.
         """
-        self.target, self.plugins = target, plugins
+        self.target, self.plugins, self.pricing = target, plugins, pricing
         self.cache = RaggedBatch(len(target.make_cache()))
         self.rows: list[Row] = []
         self.stop_ids = target.eos_token_ids
+        self.drafting = 1  # rows that drafted in the last step: they share what the batch's wider forward costs
 
     def add(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, **sampling) -> Row:
         """Prefill one request alone, then make it a row of the batch (between steps).
@@ -342,8 +346,10 @@ class BatchDecoder:
         Args:
             k: the K of every row this step (a K override); None: each row's own K or budget plans.
         """
+        curve = self.pricing.curve(len(self.rows), self.drafting) if self.pricing and len(self.rows) > 1 else None
         for row in self.rows:
             row.k_override = row.k if row.k is not None else k
+            row.budget.price_batch(curve)
         events: dict[int, list[Event]] = {id(row): [] for row in self.rows}
         for stepped, event in one_step(self.target, list(self.rows), lambda: 0.0):  # each row on its own clock
             events[id(stepped)].append(event)
@@ -357,6 +363,7 @@ class BatchDecoder:
             sum(e.seconds for e in drafted),
             max((e.seconds for e in verified), default=0.0),
         )
+        self.drafting = sum(1 for e in drafted if e.draft_ids)
         self.remove([row for row in self.rows if row.finished])
         if (
             self.cache.holes() > self.cache.size * 256

@@ -155,6 +155,7 @@ class AutoBudget(BudgetBase):
         self._calibrated: dict[int, float] = {}
         self._seconds: dict[int, deque[float]] = {}  # n -> this run's last verify seconds over n tokens
         self._since_plain = 0  # verifies since the last plain (n = 1) one
+        self._batch_curve: dict[int, float] | None = None  # price_batch's, while the row is batched
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
@@ -209,8 +210,14 @@ class AutoBudget(BudgetBase):
 
     @property
     def ratio(self) -> dict[int, float]:
-        """T(n)/T(1) the cost model uses: the calibrated curve, corrected by this run's verify timings."""
-        return self._curve
+        """T(n)/T(1) the cost model uses: the calibrated curve, corrected by this run's verify timings; in a
+        batch, the batch's price of this row's draft (`price_batch`)."""
+        return self._batch_curve if self._batch_curve is not None else self._curve
+
+    def price_batch(self, curve: dict[int, float] | None) -> None:
+        """Price drafts by `curve` while the row shares a batched forward (None: alone again). Its verify
+        timings are then the shared forward's, at the batch's widest draft: they do not correct this row's curve."""
+        self._batch_curve = _monotone(curve) if curve is not None else None
 
     @ratio.setter
     def ratio(self, calibrated: dict[int, float]) -> None:
@@ -227,6 +234,8 @@ class AutoBudget(BudgetBase):
         Each point is the median of its last MEASURED_WINDOW timings, and the curve never falls as n
         grows: on a loaded machine one plain step descheduled for a second made a 10-token verify look
         free (T(10)/T(1) = 1.0), and auto drafted 281 tokens at 3% acceptance on a prose prompt."""
+        if self._batch_curve is not None:
+            return  # the shared forward's seconds, at the batch's widest draft: not this row's T(n)
         self._seconds.setdefault(n, deque(maxlen=MEASURED_WINDOW)).append(seconds)
         self._since_plain = 0 if n == 1 else self._since_plain + 1
         plain = self._seconds.get(1)
@@ -548,8 +557,8 @@ class AutoBudget(BudgetBase):
     def _realize(self, drafted: int, accepted: int, draft_s: float | None, verify_s: float | None) -> None:
         """Count one drafting step's tokens and its seconds in plain steps' units (`realized`)."""
         plain = self._seconds.get(1)
-        if not drafted or not verify_s or not plain or len(plain) < PLAIN_TIMINGS:
-            return
+        if not drafted or not verify_s or not plain or len(plain) < PLAIN_TIMINGS or self._batch_curve is not None:
+            return  # a batched step's seconds are the shared forward's: not in units of this row's plain step
         cost = (verify_s + (draft_s or 0.0)) / statistics.median(plain)
         won, spent, steps = self._realized
         f = self.forget

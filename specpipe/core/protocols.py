@@ -211,6 +211,10 @@ class Budget(Protocol):
         """The drafter guessed `checked` already emitted tokens, the first `matched` right (a guess of class
         `evidence`)."""
 
+    def price_batch(self, curve: dict[int, float] | None) -> None:
+        """The row shares a batched forward: price a draft of n - 1 tokens at `curve[n]` plain steps of this row
+        (batch/pricing.py, from the measured T(B, n)); None: the row decodes alone again."""
+
 
 class BudgetBase:
     """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor.
@@ -246,6 +250,9 @@ class BudgetBase:
 
     def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         pass  # never asked while its plans' hindsight_k is 0
+
+    def price_batch(self, curve: dict[int, float] | None) -> None:
+        pass  # K is not priced (fixed, adaptive, confidence)
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus

@@ -8,7 +8,9 @@ every row's draft); more wait in a bounded queue (`max_queue`, then 429); every 
 conf/serve.yaml. Every drafter batches: each row has its own drafter (a draft model's cache, an
 MTP head's, layer skip's), sampler and budget, built from `cfg.draft` / `cfg.budget` with
 `build_plugin` as a CLI run builds them (`budget=auto`, `adaptive`, `confidence` plan each row's K
-from that row's acceptance); recurrent, hybrid and sliding-window targets batch too (batch/cache.py).
+from that row's acceptance; `auto` prices a row's draft by what the batch's wider forward costs every row,
+from T(B, n) timed on the first start and cached: batch/pricing.py); recurrent, hybrid and sliding-window
+targets batch too (batch/cache.py).
 Token trees (tree=static|dynamic, draft=lookahead) batch too: each tree row's nodes sit in the batch's
 mask. A target whose cache the batch cannot hold is served one request at a time, said in one line at
 start naming what to use instead. Every batched step's rows, their K
@@ -231,7 +233,7 @@ def _worker(cfg, session, metrics, log_step):
         if cfg.max_batch > 1:
             print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
         return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics), "batch 1"
-    decoder = BatchDecoder(session.target, session_plugins(session))
+    decoder = BatchDecoder(session.target, session_plugins(session), pricing=_batch_pricing(cfg, session))
     worker = BatchWorker(
         decoder, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
     )
@@ -239,6 +241,19 @@ def _worker(cfg, session, metrics, log_step):
         worker,
         f"max_batch={cfg.max_batch}, each row's own budget={session.budget_label()}; each step -> steps.jsonl",
     )
+
+
+def _batch_pricing(cfg, session):
+    """budget=auto with a drafter: each row prices its draft by what it costs the batch, from T(B, n) (timed on
+    the first start on this device, then cached: a start-up step, never a request's); else None."""
+    from specpipe.batch.costs import cost_table
+    from specpipe.batch.pricing import BatchPricing
+
+    if cfg.budget.name != "auto" or session.drafter.name == "none":
+        return None
+    costs, where = cost_table(session.target, cfg.max_batch, int(cfg.budget.k_max) + 1)
+    print(f"{TOOL}: {costs.describe()} ({where})", file=sys.stderr, flush=True)
+    return BatchPricing(costs)
 
 
 def batch_refusal(session) -> str | None:
