@@ -33,7 +33,12 @@ REPEATS = 3  # timings per point; the fastest is kept (interference only ever ad
 Timing = Generator[None, None, dict]  # yields after each unit of work, returns {'t1_s', 'ratio'}
 
 
-def refine_idle(engine, budget_or_curve, should_stop: Callable[[], bool]) -> bool:
+def refine_idle(
+    engine,
+    budget_or_curve,
+    should_stop: Callable[[], bool],
+    on_timed: Callable[[int, dict], None] | None = None,
+) -> bool:
     """Time long-context curves until `should_stop()` says stop or none is left.
 
     Args:
@@ -42,6 +47,7 @@ def refine_idle(engine, budget_or_curve, should_stop: Callable[[], bool]) -> boo
             nothing by context, and nothing is done) or a ContextCurve.
         should_stop: asked before each unit of work (a fill chunk or one forward: under a second on SmolLM2
             at 16k positions); True means a request is waiting.
+        on_timed: (cache length, {'t1_s', 'ratio'}) after each length is cached: the server logs what it timed.
 
     Returns:
         True when every wanted length is timed (the caller may stop calling), False when stopped early.
@@ -62,6 +68,8 @@ def refine_idle(engine, budget_or_curve, should_stop: Callable[[], bool]) -> boo
             curve.refining = None
             _save(engine, length, done.value)
             curve.refresh()
+            if on_timed is not None:
+                on_timed(length, done.value)
             mx.clear_cache()  # give the filled cache's memory back between requests
     return False
 

@@ -8,7 +8,9 @@ decode, then a row of the batch) and runs one `BatchDecoder.step`, where each ro
 (built from the served `cfg.budget`) plans its K, or the request's own `specpipe.k` fixes it.
 Each row's events go through its `answer.AnswerStream` (the one delta type
 both workers queue), and its figures are its RunFinished's (metrics.py), not counted here. A full
-queue raises QueueFull (HTTP 429). Never touches HTTP.
+queue raises QueueFull (HTTP 429). With no row decoding and nothing queued it times budget=auto's
+long-context curves up to the contexts the rows reached (serve/idle.py), one forward between two looks
+at the queue. Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import msgspec
 
 from specpipe.events import Emitted
 from specpipe.serve.answer import AnswerStream, answer_figures
+from specpipe.serve.idle import IdleRefinement
 from specpipe.serve.worker import SHUTTING_DOWN, Job, QueueFull, cancelled_unstarted, drop_cancelled, mark_end
 
 IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
@@ -50,10 +53,12 @@ class BatchWorker:
         metrics=None,
         log_step=None,
         prefill_per_step: int = 0,
+        log=None,
     ):
         """
         Args:
             log_step: record -> None, one dict per step (the rows' budget decisions, batch, positions, seconds).
+            log: record -> None (requests.jsonl): what an idle refinement timed.
             prefill_per_step: prompt tokens of joining requests prefilled between two decode steps
                 while other rows are active (0: a joining prompt is prefilled whole, stalling them).
         """
@@ -66,6 +71,7 @@ class BatchWorker:
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
+        self._idle = IdleRefinement(decoder.target, log)  # its curve follows the rows' budgets (budget=auto)
         self._thread = threading.Thread(target=self._loop, name="specpipe-batch", daemon=True)
         self._thread.start()
 
@@ -95,6 +101,8 @@ class BatchWorker:
         while not self._closing.is_set():
             self._admit()
             if not self._active:
+                if not self._joining:  # idle: a request that comes meanwhile waits one forward at most
+                    self._idle.run(self._busy)
                 continue
             try:
                 report = self.decoder.step()
@@ -114,6 +122,9 @@ class BatchWorker:
                 self._jobs.get_nowait().out.put(("error", SHUTTING_DOWN))
             except queue.Empty:
                 break
+
+    def _busy(self) -> bool:
+        return not self._jobs.empty() or self._closing.is_set()
 
     def _admit(self) -> None:
         """Drop rows whose client left, take waiting requests into free slots (block only when
@@ -192,6 +203,7 @@ class BatchWorker:
     def _finish(self, a: Active, reason: str) -> None:
         self.decoder.remove([a.row])
         self._active.remove(a)
+        self._idle.follow(a.row.budget)  # the context it reached is priced by a timed curve next time
         result = a.row.result()  # its figures, from its own events (metrics.py)
         a.answer.finished = result
         if reason == "cancelled":

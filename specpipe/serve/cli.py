@@ -67,7 +67,7 @@ def _task(cfg) -> None:
         steps_file.write(json.dumps(record) + "\n")
         steps_file.flush()
 
-    worker, how = _worker(cfg, session, metrics, log_step)
+    worker, how = _worker(cfg, session, metrics, log_step, log)
     try:
         sock = _bind(cfg.host, cfg.port)
     except OSError as exc:
@@ -222,7 +222,7 @@ def _uvicorn(app, grace_s: float, keep_alive_s: float):
     return server
 
 
-def _worker(cfg, session, metrics, log_step):
+def _worker(cfg, session, metrics, log_step, log=None):
     """The batching worker when the target allows it, else one request at a time; and a few words saying which."""
     from specpipe.batch.decoder import BatchDecoder, session_plugins
     from specpipe.serve.batch_worker import BatchWorker
@@ -232,10 +232,10 @@ def _worker(cfg, session, metrics, log_step):
     if why:
         if cfg.max_batch > 1:
             print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
-        return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics), "batch 1"
+        return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics, log=log), "batch 1"
     decoder = BatchDecoder(session.target, session_plugins(session), pricing=_batch_pricing(cfg, session))
     worker = BatchWorker(
-        decoder, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step
+        decoder, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step, log=log
     )
     return (
         worker,

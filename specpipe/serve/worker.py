@@ -5,7 +5,8 @@ puts `("delta", Delta)` pieces, then one `("done", Finished)` (or `("error", mes
 job's own queue, so an HTTP thread can stream them; the pieces are built from the run's events
 by `answer.AnswerStream`, as the batching worker builds its rows' (one delta type for both). It
 feeds `/metrics` as the batching worker does (steps, batch size 1, K, tokens, TTFT, inter-token
-gaps, outcomes). Never touches HTTP.
+gaps, outcomes). With nothing queued it times budget=auto's long-context curves (serve/idle.py),
+one forward between two looks at the queue. Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from specpipe.serve.answer import AnswerStream, Finished, answer_figures
+from specpipe.serve.idle import IdleRefinement
 
 __all__ = ["SHUTTING_DOWN", "Finished", "GenerationWorker", "Job", "QueueFull"]
 
@@ -72,11 +74,15 @@ class QueueFull(Exception):
 class GenerationWorker:
     per_request_sampling = False  # one session sampler: a request's temperature must be the server's
 
-    def __init__(self, session, max_waiting: int, metrics=None):
+    def __init__(self, session, max_waiting: int, metrics=None, log=None):
+        """`log`: record -> None (requests.jsonl): what an idle refinement timed."""
         self.session = session
         self.metrics = metrics
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
         self._closing = threading.Event()
+        # the session's one budget decodes every request: its curve is refined in place
+        curve = getattr(session.budget, "context_curve", None)
+        self._idle = IdleRefinement(session.target, log, curve)
         self._thread = threading.Thread(target=self._loop, name="specpipe-generate", daemon=True)
         self._thread.start()
 
@@ -105,6 +111,7 @@ class GenerationWorker:
             except queue.Empty:
                 if self._closing.is_set():
                     return
+                self._idle.run(self._busy)  # a request that comes meanwhile waits one forward at most
                 continue
             if job is None:
                 return
@@ -124,6 +131,9 @@ class GenerationWorker:
                 job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
                 if self.metrics:
                     self.metrics.count("specpipe_requests_total", status="error")
+
+    def _busy(self) -> bool:
+        return not self._jobs.empty() or self._closing.is_set()
 
     def _run(self, job: Job) -> None:
         from specpipe.core.pipeline import RunControl
