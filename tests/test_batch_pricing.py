@@ -1,7 +1,7 @@
-"""budget=auto in a batch prices each row's draft by what the batch's wider forward costs every row
-(batch/pricing.py over T(B, n)): on a table where extra positions are dear at B > 1 the batched rows decode
-plain (K = 0); on a flat table they draft; either way every greedy row emits
-exactly draft=none's tokens alone (tiny random llama, n-gram, real forwards)."""
+"""budget=auto in a batch drafts up to the width that gives the whole batch the most tokens per second
+(batch/pricing.py over T(B, n) and the rows' own rates): on a table where extra positions are dear at B > 1
+the batched rows decode plain (K = 0); on a flat table they draft; either way every greedy row emits exactly
+draft=none's tokens alone (tiny random llama, n-gram, real forwards)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hydra import compose, initialize
 import specpipe.config  # noqa: F401  (registers the schemas)
 from specpipe.batch.costs import CostTable
 from specpipe.batch.decoder import BatchDecoder, session_plugins
-from specpipe.batch.pricing import BatchPricing
+from specpipe.batch.pricing import BatchPricing, RowRates
 from specpipe.events import Drafted, RunFinished
 from specpipe.session import Session
 
@@ -28,14 +28,20 @@ def _table(slope_at_2: float) -> CostTable:
     return CostTable([1, 2], positions, np.array([per_row(0.01), per_row(slope_at_2)]))
 
 
-def test_the_curve_is_the_rows_share_of_the_batchs_loss():
-    pricing = BatchPricing(_table(0.5))
-    alone, one_of_two, both = pricing.curve(1, 1), pricing.curve(2, 1), pricing.curve(2, 2)
-    assert alone[1] == one_of_two[1] == both[1] == 1.0
-    assert alone[5] == pytest.approx(1.04)  # the row's own T(1, 5) / T(1, 1)
-    assert both[5] == pytest.approx(3.0)  # every row drafts: each pays its own T(2, 5) / T(2, 1)
-    assert one_of_two[5] == pytest.approx(1 + 2 * 2.0)  # the one drafting row pays for both rows' wait
-    assert all(one_of_two[n] <= one_of_two[n + 1] for n in range(1, 33))
+def _rows(b: int, alpha: float, rho: float = 1.0, c: float = 0.0) -> list[RowRates]:
+    expected = lambda k: 1 + sum(alpha ** (i + 1) for i in range(k))  # noqa: E731  (geometric acceptance)
+    return [RowRates(expected, c, rho)] * b
+
+
+def test_the_width_is_the_batchs_best_rate():
+    cheap, dear = BatchPricing(_table(0.01), k_max=16), BatchPricing(_table(2.0), k_max=16)
+    assert cheap.best_k(_rows(2, 0.8), 2) > 4  # positions nearly free: draft long
+    assert dear.best_k(_rows(2, 0.8), 2) == 0  # each position costs 2 plain steps: nothing pays
+    assert cheap.best_k(_rows(2, 0.8, rho=0.0), 2) == 0  # drafters that never propose: plain
+    assert cheap.best_k(_rows(2, 0.8, c=1.0), 2) == 0  # drafts that cost a target forward each
+    assert cheap.curve(_rows(2, 0.8), 1) is None  # a batch of one prices as if alone
+    curve = cheap.curve(_rows(2, 0.8), 2)
+    assert curve is not None and curve[1 + cheap.width] == 1.0 and curve[2 + cheap.width] > 1e5
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,16 @@ from typing import Any
 import msgspec
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
-from specpipe.batch.pricing import BatchPricing
+from specpipe.batch.pricing import BatchPricing, RowRates
 from specpipe.core.protocols import BudgetBase, RollbackBase
 from specpipe.core.step import Row as StepRow
 from specpipe.core.step import step as one_step
 from specpipe.engine.engine import joined_rows
 from specpipe.events import Drafted, Emitted, Event, PrefillDone, RunFinished, Verified
 from specpipe.metrics import StatsCollector
+
+RHO_PRIOR = 0.75  # a new row's drafter is expected to propose on 3 of 4 asked steps (a model drafter: always)
+RHO_DECAY = 0.8
 
 
 def refusal(target) -> str | None:
@@ -134,6 +137,12 @@ class Row(StepRow):
     t0: float = field(default_factory=time.perf_counter)  # the row's clock: its events' t counts from here
     collector: StatsCollector = field(default_factory=StatsCollector)  # its figures, from its events alone
     pending: list[Event] = field(default_factory=list)  # events for its next RowStep (PrefillDone at join)
+    rho: float = RHO_PRIOR  # decayed share of its asked steps on which its drafter proposed (batch pricing)
+
+    @property
+    def expects(self) -> bool:
+        """Its budget prices K by rates (budget=auto): the batch's width is priced from them."""
+        return self.budget.expected_tokens(1) is not None
 
     def __post_init__(self) -> None:
         self.clock = self.since_admission
@@ -267,7 +276,6 @@ class BatchDecoder:
         self.cache = RaggedBatch(len(target.make_cache()))
         self.rows: list[Row] = []
         self.stop_ids = target.eos_token_ids
-        self.drafting = 1  # rows that drafted in the last step: they share what the batch's wider forward costs
 
     def add(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, **sampling) -> Row:
         """Prefill one request alone, then make it a row of the batch (between steps).
@@ -346,10 +354,9 @@ class BatchDecoder:
         Args:
             k: the K of every row this step (a K override); None: each row's own K or budget plans.
         """
-        curve = self.pricing.curve(len(self.rows), self.drafting) if self.pricing and len(self.rows) > 1 else None
         for row in self.rows:
             row.k_override = row.k if row.k is not None else k
-            row.budget.price_batch(curve)
+        self._price(k)
         events: dict[int, list[Event]] = {id(row): [] for row in self.rows}
         for stepped, event in one_step(self.target, list(self.rows), lambda: 0.0):  # each row on its own clock
             events[id(stepped)].append(event)
@@ -363,7 +370,10 @@ class BatchDecoder:
             sum(e.seconds for e in drafted),
             max((e.seconds for e in verified), default=0.0),
         )
-        self.drafting = sum(1 for e in drafted if e.draft_ids)
+        for s in steps:  # what share of its asked steps each row's drafter proposed on (n-gram: found a match)
+            asked = next((e for e in s.events if isinstance(e, Drafted) and e.k > 0), None)
+            if asked is not None:
+                s.row.rho = RHO_DECAY * s.row.rho + (1 - RHO_DECAY) * bool(asked.draft_ids)
         self.remove([row for row in self.rows if row.finished])
         if (
             self.cache.holes() > self.cache.size * 256
@@ -371,6 +381,17 @@ class BatchDecoder:
         ):
             self.cache.compact()  # holes outnumber kept columns: attention would mostly read masked keys
         return report
+
+    def _price(self, k: int | None) -> None:
+        """Every budget-planned row prices its draft by the batch's width this step (batch/pricing.py); a batch
+        of one, or a batch without pricing, leaves each row pricing as if alone."""
+        priced = [r for r in self.rows if r.k_override is None and r.tree is None and r.expects]
+        curve = None
+        if self.pricing is not None:
+            rates = [RowRates(r.budget.expected_tokens, r.budget.draft_cost, r.rho) for r in priced]
+            curve = self.pricing.curve(rates, len(self.rows))
+        for row in priced:
+            row.budget.price_batch(curve)
 
     @staticmethod
     def _finish_step(row: Row, events: list[Event]) -> RowStep:

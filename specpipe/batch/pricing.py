@@ -1,35 +1,66 @@
-"""What a batched row's draft costs the batch: the curve each row's budget prices its K with (`price_batch`).
+"""How far a batch's rows draft this step: the width that gives the most tokens per second for the whole batch.
 
-Contract: `BatchPricing(table).curve(rows, drafting)` is {n: cost of this row feeding n positions, in this row's
-plain steps}, from the measured T(B, n) (batch/costs.py). Every row of a batch pays for the widest row's
-forward: when one row drafts k tokens and the others none, the step costs T(B, k + 1) where plain decoding
-costs T(B, 1), and every row waits for it. Plain decoding gives B tokens per T(B, 1); the drafting row's k
-drafts pay when its expected extra tokens beat what the whole batch loses, E(k) - 1 > B (T(B, k + 1) / T(B, 1) - 1).
-So the row prices n positions at 1 + B (T(B, n) / T(B, 1) - 1), the loss shared among the rows that draft
-(`drafting`, from the previous step: when all B draft, each pays its own T(B, n) / T(B, 1)). At B = 1 this is
-the row's own curve; on a compute-bound batch (a CPU at 8 rows) every row's K falls to 0 unless its
-drafts nearly always hold.
+Contract: `BatchPricing(table).curve(rows)` is the curve each budget=auto row of a batch prices its draft by this
+step (`Budget.price_batch`), or None for a batch of one (the row prices as if alone). `rows` are (expected tokens
+per k, draft cost per token, share of asked steps on which the row's drafter proposed anything) for each row
+whose budget prices its K (`Budget.expected_tokens`); the others are left out.
+
+Every row of a batch waits for the widest row's forward, and padding columns are computed anyway: the step's
+cost is T(B, 1 + K) for the widest draft K (batch/costs.py, measured), whichever rows fill it. So K is a decision
+for the batch, as vLLM and SGLang make it for one speculative batch: the K that maximises
+
+    rate(K) = sum_r [rho_r E_r(K) + 1 - rho_r] / (T(B, 1 + K) + T(1, 1) sum_r rho_r c_r K),
+
+with E_r(K) = 1 + a_r (1 - g_r^K) / (1 - g_r) from the row's own rates, must beat plain decoding (K = 0, B tokens per
+T(B, 1)) by MARGIN or the batch decodes plain: a mispriced step costs every row. Inside that width a row's drafts
+cost the batch nothing more, so each row prices positions up to 1 + K at a plain step's price (its own draft cost
+still counts) and none beyond: a row whose drafts do not hold drafts less. On a compute-bound batch (a CPU at 8
+rows) K falls to 0 unless the rows' drafts nearly always hold.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 from specpipe.batch.costs import CostTable
 from specpipe.budgets.fixed import K_MAX
 
+MARGIN = 0.03  # a K > 0 must beat plain decoding by this share: near-ties go to plain
+BEYOND = 1e6  # the price of a position past the batch's width: never drafted
+
+
+@dataclass(frozen=True)
+class RowRates:
+    """What one priced row expects from a draft of k tokens."""
+
+    expected_tokens: Callable[[int], float]  # tokens a step drafting k yields (accepted drafts + the next token)
+    c: float  # one drafted token's cost, in single-row target forwards T(1, 1)
+    rho: float  # share of the row's asked steps on which its drafter proposed anything (n-gram: a match)
+
 
 class BatchPricing:
-    def __init__(self, table: CostTable):
-        self.table = table
-        self._curves: dict[tuple[int, int], dict[int, float]] = {}
+    def __init__(self, table: CostTable, k_max: int = K_MAX):
+        self.table, self.k_max = table, min(k_max, K_MAX)
+        self.width = 0  # the last step's K: what the rows were allowed (for the server's steps.jsonl)
 
-    def curve(self, rows: int, drafting: int) -> dict[int, float]:
-        """{n: plain steps of this row that feeding n positions costs}, n = 1..K_MAX + 1, for a batch of `rows`
-        of which `drafting` (at least 1) draft."""
-        key = (rows, max(1, min(drafting, rows)))
-        if key not in self._curves:
-            plain = self.table.time(rows, 1)
-            share = rows / key[1]
-            self._curves[key] = {
-                n: 1.0 + share * max(0.0, self.table.time(rows, n) / plain - 1.0) for n in range(1, K_MAX + 2)
-            }
-        return self._curves[key]
+    def best_k(self, rows: Sequence[RowRates], batch: int) -> int:
+        """The batch's K this step (0: plain for every priced row)."""
+        if not rows:
+            return 0
+        t11 = self.table.time(1, 1)
+
+        def rate(k: int) -> float:
+            tokens = sum(r.rho * r.expected_tokens(k) + 1 - r.rho for r in rows) if k else float(len(rows))
+            return tokens / (self.table.time(batch, 1 + k) + t11 * k * sum(r.rho * r.c for r in rows))
+
+        best = max(range(self.k_max + 1), key=lambda k: (rate(k), -k))
+        return best if best and rate(best) > rate(0) * (1 + MARGIN) else 0
+
+    def curve(self, rows: Sequence[RowRates], batch: int) -> dict[int, float] | None:
+        """The price of n positions for every priced row this step; None for a batch of one."""
+        if batch <= 1:
+            self.width = 0
+            return None
+        self.width = self.best_k(rows, batch)
+        return {n: 1.0 if n <= 1 + self.width else BEYOND for n in range(1, K_MAX + 2)}

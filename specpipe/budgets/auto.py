@@ -226,6 +226,15 @@ class AutoBudget(BudgetBase):
         self._curve = _monotone(calibrated)
 
     def _observe_verify(self, n: int, seconds: float) -> None:
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a step drafting k yields by this run's pooled rates: 1 + alpha (1 - g^k) / (1 - g)."""
+        g = self.continuation
+        return 1.0 + (self.alpha * (k if g >= 1.0 else (1 - g**k) / (1 - g)) if k else 0.0)
+
+    @property
+    def draft_cost(self) -> float:
+        return self.c
+
         """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
         measured points replace the calibration's and the rest of the curve is scaled by the median
         measured / calibrated ratio: a calibration taken while another process held the cores

@@ -34,6 +34,8 @@ class Drafter(Protocol):
     @property
     def name(self) -> str: ...
     @property
+    def label(self) -> str: ...  # the run header's name: `name`, a chain's with its sources (chain[ngram>model])
+    @property
     def engine(self) -> Engine | None: ...  # the Engine it runs, or None (n-gram, none, an MTP head)
     @property
     def cache(self) -> list[Any] | None: ...  # its own cache, rolled back by `rollback`
@@ -133,6 +135,10 @@ class DrafterBase:
     supports_trees: bool = False  # a drafter with a `propose_tree` of its own says True
     last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
 
+    @property
+    def label(self) -> str:
+        return self.name
+
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         raise NotImplementedError(f"{type(self).__name__} defines no propose")  # every drafter defines its own
 
@@ -215,6 +221,13 @@ class Budget(Protocol):
         """The row shares a batched forward: price a draft of n - 1 tokens at `curve[n]` plain steps of this row
         (batch/pricing.py, from the measured T(B, n)); None: the row decodes alone again."""
 
+    def expected_tokens(self, k: int) -> float | None:
+        """Tokens a step drafting k is expected to yield by this budget's rates (None: it does not price K)."""
+
+    @property
+    def draft_cost(self) -> float:
+        """One drafted token's cost in target forwards, as the budget measured it (0 where it does not price)."""
+
 
 class BudgetBase:
     """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor.
@@ -253,6 +266,13 @@ class BudgetBase:
 
     def price_batch(self, curve: dict[int, float] | None) -> None:
         pass  # K is not priced (fixed, adaptive, confidence)
+
+    def expected_tokens(self, k: int) -> float | None:
+        return None  # no rates: a batch leaves this row's K to it
+
+    @property
+    def draft_cost(self) -> float:
+        return 0.0
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus

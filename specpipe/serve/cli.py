@@ -8,8 +8,8 @@ every row's draft); more wait in a bounded queue (`max_queue`, then 429); every 
 conf/serve.yaml. Every drafter batches: each row has its own drafter (a draft model's cache, an
 MTP head's, layer skip's), sampler and budget, built from `cfg.draft` / `cfg.budget` with
 `build_plugin` as a CLI run builds them (`budget=auto`, `adaptive`, `confidence` plan each row's K
-from that row's acceptance; `auto` prices a row's draft by what the batch's wider forward costs every row,
-from T(B, n) timed on the first start and cached: batch/pricing.py); recurrent, hybrid and sliding-window
+from that row's acceptance; `auto` rows draft up to the width that gives the batch the most tokens per second,
+priced from T(B, n) timed on the first start and cached: batch/pricing.py); recurrent, hybrid and sliding-window
 targets batch too (batch/cache.py).
 Token trees (tree=static|dynamic, draft=lookahead) batch too: each tree row's nodes sit in the batch's
 mask. A target whose cache the batch cannot hold is served one request at a time, said in one line at
@@ -244,8 +244,8 @@ def _worker(cfg, session, metrics, log_step, log=None):
 
 
 def _batch_pricing(cfg, session):
-    """budget=auto with a drafter: each row prices its draft by what it costs the batch, from T(B, n) (timed on
-    the first start on this device, then cached: a start-up step, never a request's); else None."""
+    """budget=auto with a drafter: each step's width for the batch from T(B, n) (timed on the first start on this
+    device, then cached: a start-up step, never a request's) and the rows' own rates; else None."""
     from specpipe.batch.costs import cost_table
     from specpipe.batch.pricing import BatchPricing
 
@@ -253,7 +253,7 @@ def _batch_pricing(cfg, session):
         return None
     costs, where = cost_table(session.target, cfg.max_batch, int(cfg.budget.k_max) + 1)
     print(f"{TOOL}: {costs.describe()} ({where})", file=sys.stderr, flush=True)
-    return BatchPricing(costs)
+    return BatchPricing(costs, int(cfg.budget.k_max))
 
 
 def batch_refusal(session) -> str | None:
