@@ -100,7 +100,7 @@ class Session:
         started = RunStarted(
             target=self.target.info,
             draft=self.draft_info,
-            drafter=self.drafter.name,
+            drafter=self.drafter.label,  # the header's: a chain names its sources (chain[ngram>layerskip])
             budget=self.budget_label(),
             rollback=self.rollback.name,
             compare=self.comparator.name,

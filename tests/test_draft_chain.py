@@ -126,6 +126,92 @@ def test_a_tree_step_asks_the_sources_too(pair, sources):
     parts = tree_parts(target, drafter, TreeShape(kind="dynamic", nodes=8, depth=4))
     got, final = run_pipeline(target, drafter, prompt, MAX_TOKENS, tree=parts)
     assert got == baseline[: len(got)] and len(got) == MAX_TOKENS and final.stats.tree_steps > 0
+    by = final.stats.drafted_by_source  # a tree step's Drafted names its source, as a chain step's does
+    assert by and set(by) <= set(sources) and sum(by.values()) == final.stats.drafted, by
+
+
+# ---------------------------------------------------------------- budget=auto: a lookup class learns by looking back
+
+
+def test_a_lookup_class_in_a_chain_learns_from_a_look_back_as_ngram_alone_does(monkeypatch):
+    """draft=ngram's classes learn on plain steps by looking back; the chain [ngram, layerskip] offered no look
+    back (the layer skip cannot look back) and, on SmolLM2, verified half as many n-gram tokens. Now its n-gram
+    looks back on plain steps and auto counts that for the class alone, as draft=ngram's: the same class
+    rates from the same look backs, the layer skip's pooled rates untouched, the chain's own class price too."""
+    import specpipe.budgets.auto as auto
+    from specpipe.drafters.ngram import NgramDrafter
+
+    monkeypatch.setattr(auto, "_LEARNED", {})  # no rates carried from this module's earlier runs
+    target = tiny("llama")
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    chained = chain(target, None, ["ngram", "layerskip"])
+    n = chained.sources[0]
+    assert isinstance(n, NgramDrafter)
+    alone = NgramDrafter(min_n=n.min_n, max_n=n.max_n, window=n.window)
+    b_alone, b_chain = (prepared(AutoBudget(k_max=16), target, d) for d in (alone, chained))
+    for b in (b_alone, b_chain):
+        b.ratio = {1: 1.0, **{m: 1.0 + 0.05 * (m - 1) for m in range(2, 34)}}  # the same curve for both
+    model_rates = (list(b_chain._first), list(b_chain._next))
+    for b in (b_alone, b_chain):
+        b.next_k()
+        b.fit_k(1, 16)  # class 1 is known, from its prior: 0.5 in both (not the layer skip's rates)
+    for _ in range(10):
+        for b in (b_alone, b_chain):
+            b.observe_hindsight(2, 2, evidence=1)
+    assert b_chain._class(1) == b_alone._class(1)
+    assert (b_chain._first, b_chain._next) == model_rates, "a lookup's look back is no evidence on the model"
+    for _ in range(8):  # past the model's probes (each rejected) to a plain step
+        if b_chain.next_k() == 0:
+            break
+        b_chain.observe(b_chain.k, 0)
+    assert b_chain.k == 0 and b_chain.hindsight_k == b_chain.probe_k, "a plain step looks back, as draft=ngram's"
+    assert not b_chain.hindsight, "the layer skip is probed by verifies still: it cannot look back"
+
+    # the chain looks back with its n-gram (the layer skip cannot), and its own class price learns from it
+    chained.use_rollback(TrimRollback())
+    chained.prefill(prompt)
+    guess = chained.hindsight(prompt, 2)
+    assert chained.supports_hindsight and guess == alone_guess(alone, prompt) and guess
+    price = chained._class_price(0, chained.last_evidence)
+    assert sum(price.first) > 2.0, "the look back was counted for the chain's class price"
+
+
+def alone_guess(drafter, prompt: list[int]) -> list[int]:
+    drafter.prefill(prompt)
+    return drafter.hindsight(prompt, 2)
+
+
+def test_a_chain_under_auto_looks_back_on_plain_steps_and_stays_lossless(monkeypatch):
+    """The pipeline's look back (core/proposal.py) through the chain: plain steps carry the n-gram's guess."""
+    import specpipe.budgets.auto as auto
+
+    monkeypatch.setattr(auto, "_LEARNED", {})
+    target = tiny("llama")
+    prompt = target.encode_prompt(PROMPT, chat=False)
+    baseline, _ = run(target, NoneDrafter(), FixedBudget(k=1), prompt)
+    drafter = chain(target, None, ["ngram", "layerskip"])
+    budget = prepared(AutoBudget(), target, drafter)
+    pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), TrimRollback(), GreedyBonus())
+    events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
+    final = events[-1]
+    assert isinstance(final, RunFinished) and final.token_ids == baseline.token_ids
+    looked = [e for e in events if isinstance(e, Drafted) and e.hindsight_ids]
+    assert looked and all(not e.draft_ids for e in looked), "plain steps looked back"
+    assert final.stats.hindsight_checked == sum(len(e.hindsight_ids) for e in looked) > 0
+
+
+def test_the_run_header_names_the_chains_sources(capsys):
+    from specpipe.cli.generate import TerminalPrinter
+    from specpipe.session import Session
+
+    overrides = ["model=tiny-random", "draft=chain", "draft.sources=[ngram,layerskip]", "draft.layerskip.depth=1"]
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose("config", overrides=[*overrides, "budget=fixed", "budget.k=2"])
+    session = Session(cfg)
+    started = next(session.generate(session.target.encode_prompt("a b a b", chat=False), max_tokens=2))
+    assert started.drafter == "chain[ngram>layerskip]"
+    TerminalPrinter(stream=False)(started)
+    assert "drafter=chain[ngram>layerskip]," in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- sampling: the proposing source's q

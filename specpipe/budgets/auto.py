@@ -45,6 +45,12 @@ Drafters that can guess tokens the target already emitted without a target
 forward (`hindsight`: n-gram, MTP heads) are probed that way instead: no
 verify slot is spent, so a free drafter (n-gram) is checked on every plain
 step and a head on the same schedule, one token (one LM head) at a time.
+A model drafter whose lookup can look back (`evidence_is_free` and
+`supports_hindsight`: draft=chain [ngram, layerskip]) looks back with the
+lookup on every plain step, as draft=ngram does, and the look back counts for
+the lookup's class alone: the model is still probed by verifies. Its classes
+start from the lookups' pooled rates, never the model's (one rejected layer
+skip draft priced the chain's first n-gram classes at 0.32 on SmolLM2).
 
 A drafter that runs a model (draft model, MTP head, layer skip) is also told
 where to stop inside the step's K (`chain_stop`, drafters/chain.py): no
@@ -148,6 +154,8 @@ class AutoBudget(BudgetBase):
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         # evidence class -> its own [first, next] counts (a drafter's last_evidence; fit sizes drafts by them)
         self._classes: dict[int, tuple[list[float], list[float]]] = {}
+        # a lookup beside a model (evidence_is_free): its drafts' and look backs' pooled rates, a new class's prior
+        self._lookups = ([2 * prior_alpha, 2 * (1 - prior_alpha)], [2 * prior_alpha, 2 * (1 - prior_alpha)])
         self._step_evidence: int | None = None  # the class fit saw this step, for observe
         self._since_probe = 0
         self._drafted_before = False  # the previous step drafted (the drafter was up to date)
@@ -160,6 +168,9 @@ class AutoBudget(BudgetBase):
         self.c = 1.0
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
         self.hindsight = False
+        # its lookup beside a model can (draft=chain's free sources): a free look back on every plain step,
+        # for the lookup's classes; the model is still probed by verifies
+        self.lookup_hindsight = False
         self.hindsight_k = 0
         self.decision: BudgetDecision | None = None  # why the last next_k chose its K
         self.chain_stop: ChainStop | None = None  # where a model drafter stops inside K (set by each decision)
@@ -185,7 +196,8 @@ class AutoBudget(BudgetBase):
         self.ratio = verify_cost_curve(target, self.quick)["ratio"]
         self._context = ContextCurve(target)  # long contexts: curves specpipe-calibrate timed, else modelled
         self.c = draft_cost(drafter, target, self.quick)
-        self.hindsight = drafter.supports_hindsight
+        self.hindsight = drafter.supports_hindsight and not drafter.evidence_is_free
+        self.lookup_hindsight = drafter.supports_hindsight and drafter.evidence_is_free
         self._drafter = drafter
         self._key = _pair_key(target, drafter)
         self._carry_in(_LEARNED.get(self._key))
@@ -214,6 +226,15 @@ class AutoBudget(BudgetBase):
         batch, the batch's price of this row's draft (`price_batch`)."""
         return self._batch_curve if self._batch_curve is not None else self._curve
 
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a step drafting k yields by this run's pooled rates: 1 + alpha (1 - g^k) / (1 - g)."""
+        g = self.continuation
+        return 1.0 + (self.alpha * (k if g >= 1.0 else (1 - g**k) / (1 - g)) if k else 0.0)
+
+    @property
+    def draft_cost(self) -> float:
+        return self.c
+
     def price_batch(self, curve: dict[int, float] | None) -> None:
         """Price drafts by `curve` while the row shares a batched forward (None: alone again). Its verify
         timings are then the shared forward's, at the batch's widest draft: they do not correct this row's curve."""
@@ -226,15 +247,6 @@ class AutoBudget(BudgetBase):
         self._curve = _monotone(calibrated)
 
     def _observe_verify(self, n: int, seconds: float) -> None:
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a step drafting k yields by this run's pooled rates: 1 + alpha (1 - g^k) / (1 - g)."""
-        g = self.continuation
-        return 1.0 + (self.alpha * (k if g >= 1.0 else (1 - g**k) / (1 - g)) if k else 0.0)
-
-    @property
-    def draft_cost(self) -> float:
-        return self.c
-
         """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
         measured points replace the calibration's and the rest of the curve is scaled by the median
         measured / calibrated ratio: a calibration taken while another process held the cores
@@ -275,6 +287,8 @@ class AutoBudget(BudgetBase):
         scale = lambda counts: [x * min(1.0, CARRY_TRIALS / sum(counts)) for x in counts]  # noqa: E731
         self._first, self._next = scale(learned["first"]), scale(learned["next"])
         self._classes = {e: (scale(f), scale(n)) for e, (f, n) in learned.get("classes", {}).items()}
+        if "lookups" in learned:
+            self._lookups = (scale(learned["lookups"][0]), scale(learned["lookups"][1]))
         self.c = learned["c"]
         if "holds" in learned:
             self._holds = [list(h) for h in learned["holds"]]
@@ -285,6 +299,7 @@ class AutoBudget(BudgetBase):
                 "first": list(self._first),
                 "next": list(self._next),
                 "classes": {e: (list(f), list(n)) for e, (f, n) in self._classes.items()},
+                "lookups": (list(self._lookups[0]), list(self._lookups[1])),
                 "c": self.c,
                 "holds": [list(h) for h in self._holds],
             }
@@ -306,18 +321,23 @@ class AutoBudget(BudgetBase):
 
     def _count(self, drafted: int, accepted: int, evidence: int | None = None, pooled: bool = True) -> None:
         """One step's evidence: a draft of `drafted` tokens whose first `accepted` were right; a draft of
-        class `evidence` counts for that class's rates as well as the pooled ones (unless not `pooled`)."""
+        class `evidence` counts for that class's rates as well as the pooled ones (not `pooled`: a lookup's
+        beside a model, for the lookups' pooled rates instead, which new classes start from)."""
         if pooled:
             self._first, self._next = _counted(self._first, self._next, drafted, accepted, self.forget)
+        elif evidence is not None:
+            self._lookups = _counted(*self._lookups, drafted, accepted, self.forget)
         if evidence is not None:
             first, nxt = self._class(evidence)
             self._classes[evidence] = _counted(first, nxt, drafted, accepted, self.forget)
 
     def _class(self, evidence: int) -> tuple[list[float], list[float]]:
-        """A class's [first, next] counts; a new one starts from the pooled rates, PRIOR_TRIALS' worth."""
+        """A class's [first, next] counts; a new one starts from the pooled rates, PRIOR_TRIALS' worth (a
+        lookup beside a model: the lookups' own, not the model's)."""
         if evidence not in self._classes:
             prior = lambda counts: [x * PRIOR_TRIALS / sum(counts) for x in counts]  # noqa: E731
-            self._classes[evidence] = (prior(self._first), prior(self._next))
+            first, nxt = self._lookups if self._lookup_drafts else (self._first, self._next)
+            self._classes[evidence] = (prior(first), prior(nxt))
         return self._classes[evidence]
 
     @property
@@ -368,6 +388,8 @@ class AutoBudget(BudgetBase):
         c = self.c if c is None else c
         from specpipe.costmodel.calibration import expected_speedup
 
+        if k == 0 and self.lookup_hindsight:
+            self.hindsight_k = self.probe_k  # the lookup looks back for free whatever the model's K: its classes learn
         a, g = rates or (
             (self.alpha_optimistic, self.continuation_optimistic)
             if reason == "probe"
@@ -487,7 +509,7 @@ class AutoBudget(BudgetBase):
             best, reason, rates = longer, "probe", (rates[0], _optimistic(nxt))
         if best == 0:
             hopeful = (_optimistic(first), _optimistic(nxt))
-            if self.hindsight:
+            if self.hindsight or self.lookup_hindsight:  # a free look back teaches the class, as a probe would
                 reason = "plain"
                 self.hindsight_k = self.probe_k if c * self.probe_k < FREE else 1
             elif self._best(*hopeful, c=c) > 0:
@@ -581,11 +603,13 @@ class AutoBudget(BudgetBase):
 
     def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         """The drafter guessed `checked` tokens the target had already emitted, the first `matched` right
-        (a guess of class `evidence`)."""
-        if self._since_probe >= self._probe_wait:
+        (a guess of class `evidence`). A lookup's guess beside a model (`lookup_hindsight`) counts for its
+        class alone, as its drafts do (observe), and is no probe of the model: the probe schedule stays."""
+        lookup = self.lookup_hindsight and evidence is not None
+        if not lookup and self._since_probe >= self._probe_wait:
             self._advance_probe_schedule()
         if checked:
-            self._count(checked, matched, evidence)
+            self._count(checked, matched, evidence, pooled=not lookup)
             self._carry_out()
 
     def observe(

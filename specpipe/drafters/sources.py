@@ -123,7 +123,12 @@ class ChainDrafter(DrafterBase):
         self.evidence_is_free = any(self.free) and self._primary is not None
         self.prefill_after_first_token = any(s.prefill_after_first_token for s in self.sources)
         self.supports_trees = any(s.supports_trees for s in self.sources)
-        self.supports_hindsight = all(s.supports_hindsight for s in self.sources)
+        # beside a costly source, the look back is the free sources' (a lookup's: budget=auto counts it for
+        # its class alone, as draft=ngram's); without one, every source must be able to look back
+        self._lookers = [i for i, s in enumerate(self.sources) if s.supports_hindsight and self.free[i]]
+        if not self.evidence_is_free:
+            self._lookers = list(range(len(self.sources))) if all(s.supports_hindsight for s in self.sources) else []
+        self.supports_hindsight = bool(self._lookers)
         self.needs_hidden = any(s.needs_hidden for s in self.sources)
         self._slope = 0.0  # verify cost per extra token in target forwards (budget=auto's t_verify, last seen)
         self._t1_s = 0.0  # a target forward's seconds, measured from this run's verifies
@@ -134,6 +139,11 @@ class ChainDrafter(DrafterBase):
         self.forwards = 0
 
     # ---------------------------------------------------------------- what the budget and session read
+
+    @property
+    def label(self) -> str:  # type: ignore[override]  # DrafterBase's plain name, with the sources here
+        """The run header's name: the sources in the order they are asked, e.g. chain[ngram>layerskip]."""
+        return f"chain[{'>'.join(self.names)}]"
 
     @property
     def engine(self) -> Engine | None:  # type: ignore[override]  # DrafterBase's plain None, computed here
@@ -247,12 +257,24 @@ class ChainDrafter(DrafterBase):
         return draft
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
-        """The first source's guess that says anything (every source can look back: supports_hindsight)."""
+        """The first looking source's guess that says anything: beside a costly source only the free ones look
+        (a lookup's look back, budget=auto counts it for the lookup's class alone), else every source.
+
+        A free source's guess is checked here too, against the last m context tokens (the greedy rule, as
+        the step checks it for the budget): its class's price learns as draft=ngram's classes do in auto.
+        Example: context [.., 7, 8, 9], m = 2, the n-gram (a 3-token match) guesses [8, 5]: class 3 sees a
+        draft of 2 whose first 1 held."""
         guess: list[int] = []
-        for s in self.sources:
+        self.last_evidence = None
+        for i in self._lookers:
+            s = self.sources[i]
             guess = s.hindsight(context_ids, m)
             if guess:
                 self.last_evidence = s.last_evidence
+                if self.free[i]:
+                    held = [g == t for g, t in zip(guess, context_ids[len(context_ids) - m :])]
+                    matched = held.index(False) if False in held else len(held)
+                    self._class_price(i, s.last_evidence).observe(len(held), matched)
                 break
         self._count_forwards()
         return guess
@@ -264,11 +286,11 @@ class ChainDrafter(DrafterBase):
 
         self._pending, self._tree_source = None, None
         tree = TreeDraft(TokenTree())
-        for s in self.sources:
+        for name, s in zip(self.names, self.sources):
             if s.supports_trees:
                 tree = s.propose_tree(context_ids, shape)
                 if tree.candidates.tokens:
-                    self._tree_source = s
+                    self._tree_source, tree.source = s, name  # the tree step's Drafted names it
                     break
         self._count_forwards()
         return tree

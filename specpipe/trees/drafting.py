@@ -35,6 +35,7 @@ class TreeDraft:
     candidates: TokenTree
     cached_tail: list[int] = field(default_factory=list)  # drafted tokens fed into the drafter's cache, in order
     catchup_tokens: int = 0  # context tokens fed before drafting (model drafters)
+    source: str = ""  # draft=chain: the source that drafted the tree (its Drafted event names it)
 
 
 def ngram_candidates(ids: np.ndarray, min_n: int, max_n: int, depth: int) -> TreeDraft:

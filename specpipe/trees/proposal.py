@@ -179,6 +179,7 @@ def propose_tree_row(row: Row, room: int, clock) -> Generator[Event, None, TreeP
         catchup_tokens=draft.catchup_tokens,
         probe=plan.probe and len(tree) > 0,
         decision=plan.decision,
+        source=draft.source,  # draft=chain: which source drafted the tree
     )
     # draft=mtp / eagle3 read the target's hidden states / taps: the tree forward records them as a chain's verify does
     capture = row.draft_capture
