@@ -144,3 +144,34 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row(arch, tmp_path):
 def _concurrently_two(server: Server) -> list[dict]:
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(lambda i: _complete(server, i), [1, 2]))
+
+
+@pytest.mark.parametrize(
+    "target_arch, overrides",
+    [
+        ("qwen3_next", ["draft=model", "draft.model=tiny-random"]),  # hybrid: recurrent states per row
+        ("mamba2", ["draft=ngram"]),  # recurrent only
+        ("gemma3_text", ["draft=model", "draft.model=tiny-random", "tree=dynamic"]),  # sliding window, tree rows
+    ],
+    ids=["qwen3_next-model", "mamba2-ngram", "gemma3-model-tree"],
+)
+def test_hybrid_recurrent_and_sliding_window_targets_batch_through_the_server(target_arch, overrides, tmp_path):
+    """The served batch holds every cache kind: 4 concurrent greedy requests each get draft=none's answer alone,
+    and they shared forwards (the in-process matrix: tests/test_batch_drafters.py)."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "draft").mkdir()
+    plain_server = _start(tmp_path / "plain", target_arch, "draft=none")
+    try:
+        plain = [_text(_complete(plain_server, i)) for i in range(len(PROMPTS))]
+    finally:
+        plain_server.proc.kill()
+        plain_server.proc.wait()
+    s = _start(tmp_path / "draft", target_arch, *overrides)
+    try:
+        answers = _concurrently(s)
+        assert [_text(a) for a in answers] == plain
+        assert all(a["specpipe"]["batched"] for a in answers) and sum(a["specpipe"]["drafted"] for a in answers) > 0
+        assert metric(s, "specpipe_batch_rows_total") / metric(s, "specpipe_steps_total") > 1.5
+    finally:
+        s.proc.kill()
+        s.proc.wait()
