@@ -159,12 +159,20 @@ class ChainTreeConfig:
 
 
 @dataclass
-class StaticTreeConfig(ChainTreeConfig):
+class SizedTreeConfig(ChainTreeConfig):
+    # budget=auto's tree sizer (trees/budget.py): the predicted gain over a plain step a verify must beat, and the
+    # gain below which the choice hangs on T(1) (a plain step times it first)
+    min_gain: float = ranged(0.0, 1.0, "predicted speed-up over plain a tree verify must beat, e.g. 0.03")
+    thin_gain: float = ranged(0.0, 1.0, "below this predicted gain a plain step times T(1) first, e.g. 0.10")
+
+
+@dataclass
+class StaticTreeConfig(SizedTreeConfig):
     branching: list[int] = MISSING  # children per kept node, by depth
 
 
 @dataclass
-class DynamicTreeConfig(ChainTreeConfig):
+class DynamicTreeConfig(SizedTreeConfig):
     nodes: int = ranged(1, 64, "nodes verified per step, trees/shape.py MAX_NODES")
     depth: int = ranged(1, 64, "the deepest level drafted")
     # alternatives a model drafter scores per depth (0 broke a reshape; more than the nodes are never verified)

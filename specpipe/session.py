@@ -162,10 +162,12 @@ def check_supported(cfg: DictConfig) -> None:
 def tree_for(cfg: DictConfig, target, drafter, sampler, budget=None):
     """The rows' tree parts (specpipe/trees/proposal.py) when tree != chain, else None (chains);
     `budget` sizes each tree (trees/budget.py). Refuses a target or drafter without trees in one line."""
+    from specpipe.trees.budget import TreeGains
     from specpipe.trees.proposal import tree_parts
     from specpipe.trees.shape import TreeShape
 
     shape = TreeShape.from_config(cfg.get("tree"))
     if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
         return None
-    return tree_parts(target, drafter, shape, sampler, budget)
+    gains = TreeGains(float(cfg.tree.min_gain), float(cfg.tree.thin_gain))
+    return tree_parts(target, drafter, shape, sampler, budget, gains)

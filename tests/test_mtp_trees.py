@@ -23,6 +23,7 @@ from specpipe.engine.engine import HIDDEN
 from specpipe.engine.introspect import llama_parts
 from specpipe.events import Drafted, RolledBack, Verified
 from specpipe.rollbacks.trim import TrimRollback
+from specpipe.trees.budget import TreeGains
 from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
 
@@ -71,7 +72,8 @@ class OracleMtp(MtpDrafter):
 
 def tree_run(target, drafter, shape, prompt, max_tokens, sampler=None, budget=None):
     """(ids, events, pipeline) of a tree run; `budget` sizes the trees (None: the shape alone)."""
-    step = tree_parts(target, drafter, shape, sampler, budget)
+    gains = TreeGains(min_gain=0.03, thin_gain=0.10)  # conf/tree/dynamic.yaml's
+    step = tree_parts(target, drafter, shape, sampler, budget, gains)
     pipe = SpeculativePipeline(
         target, drafter, budget or FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree=step
     )

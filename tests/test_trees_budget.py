@@ -14,13 +14,14 @@ from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.events import Drafted
 from specpipe.rollbacks.trim import TrimRollback
-from specpipe.trees.budget import TreeSizer
+from specpipe.trees.budget import TreeGains, TreeSizer
 from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree
 
 MAX_TOKENS = 40
 SHAPE = TreeShape(kind="dynamic", nodes=12, depth=6, branching=[3] * 6)
+GAINS = TreeGains(min_gain=0.03, thin_gain=0.10)  # conf/tree/dynamic.yaml's tree.min_gain / tree.thin_gain
 
 
 class _Auto:
@@ -51,12 +52,12 @@ def _example_tree() -> TokenTree:
 
 def test_worked_example_chooses_three_nodes_and_a_steep_curve_chooses_none():
     flat = {1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15}
-    sizer = TreeSizer(_Auto(flat), SHAPE, free=True)
+    sizer = TreeSizer(_Auto(flat), SHAPE, free=True, gains=GAINS)
     sizer.accepted, sizer.scored = {1: 0.6 * 98, 2: 0.5 * 98}, {1: 98.0, 2: 98.0}  # lambda ~ [0.6, 0.5]
     assert sizer.size(_example_tree(), draft_forwards=0) == 3
     assert sizer.decision.k == 3 and sizer.decision.reason == "tree cost model"
     assert sizer.decision.predicted == pytest.approx(1.97 / 1.15, abs=0.01)
-    steep = TreeSizer(_Auto({n: float(n) for n in range(1, 5)}), SHAPE, free=True)
+    steep = TreeSizer(_Auto({n: float(n) for n in range(1, 5)}), SHAPE, free=True, gains=GAINS)
     steep.accepted, steep.scored = sizer.accepted, sizer.scored
     assert steep.size(_example_tree(), draft_forwards=0) == 0 and steep.decision.reason == "tree plain"
 
@@ -78,7 +79,7 @@ def _one_node(score: float) -> TokenTree:
 )
 def test_a_thin_predicted_gain_stays_plain_or_times_t1_first(score, timing_due, nodes, reason):
     """One node at depth 1, lambda 0.6, T(2)/T(1) = 1.1: tokens 1 + 0.6 * score over 1.1."""
-    sizer = TreeSizer(_Auto({1: 1.0, 2: 1.1, 3: 1.2}, timing_due), SHAPE, free=True)
+    sizer = TreeSizer(_Auto({1: 1.0, 2: 1.1, 3: 1.2}, timing_due), SHAPE, free=True, gains=GAINS)
     sizer.accepted, sizer.scored = {1: 0.6 * 98}, {1: 98.0}
     assert sizer.size(_one_node(score), draft_forwards=0) == nodes
     assert sizer.decision.reason == reason
@@ -92,7 +93,7 @@ def test_the_prior_fades_as_unaccepted_trees_come_in(monkeypatch):
     import specpipe.trees.budget as tree_budget
 
     def sizer_after_20_misses() -> TreeSizer:
-        sizer = TreeSizer(_Auto({1: 1.0, 2: 1.06, 3: 1.12}), SHAPE, free=True)
+        sizer = TreeSizer(_Auto({1: 1.0, 2: 1.06, 3: 1.12}), SHAPE, free=True, gains=GAINS)
         assert sizer._lambda(1) == pytest.approx(0.6)
         for _ in range(20):
             sizer.observe(_one_node(0.1), [], draft_s=0.0, verify_s=0.01, depth=1)
@@ -113,7 +114,10 @@ def test_a_paid_draft_judged_not_worth_verifying_is_followed_by_a_verified_probe
     Without the probe after a discarded draft it drafted all 200 steps and verified none (helper review);
     with it every other draft is verified, acceptance is learned, and verifies take over."""
     sizer = TreeSizer(
-        _Auto({1: 1.0, 2: 1.5, 3: 1.9}), TreeShape(kind="dynamic", nodes=2, depth=1, branching=[2]), free=False
+        _Auto({1: 1.0, 2: 1.5, 3: 1.9}),
+        TreeShape(kind="dynamic", nodes=2, depth=1, branching=[2]),
+        free=False,
+        gains=GAINS,
     )
     sizer.budget.c = 0.02
     drafted = verified = 0
@@ -147,7 +151,7 @@ def test_auto_asks_for_a_plain_timing_until_it_has_a_few_and_again_when_stale():
 
 
 def test_cut_keeps_the_best_scored_nodes_as_a_tree():
-    sizer = TreeSizer(FixedBudget(k=2), SHAPE, free=True)
+    sizer = TreeSizer(FixedBudget(k=2), SHAPE, free=True, gains=GAINS)
     cut = sizer.cut(_example_tree(), sizer.size(_example_tree(), 0))
     assert (cut.tokens, cut.parents) == ([5, 6], [-1, 0])
 
@@ -159,7 +163,7 @@ def setup(request):
 
 def _run(target, drafter, budget, prompt):
     rollback = TrimRollback()
-    step = tree_parts(target, drafter, SHAPE, budget=budget)
+    step = tree_parts(target, drafter, SHAPE, budget=budget, gains=GAINS)
     pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), rollback, GreedyBonus(), tree=step)
     events = list(pipe.run(prompt, MAX_TOKENS, stop_ids=set()))
     return events[-1], [e for e in events if isinstance(e, Drafted)], step

@@ -11,7 +11,7 @@ c (read through AutoBudget's public `ratio`, `c`, `alpha`, `continuation`):
     expected tokens(N) = 1 + sum over the N best nodes of min(1, lambda_d * score)
     cost(N)            = depth * c + T(N + 1) / T(1)
 
-and N = 0 (a plain step, 1.0) when no N beats it by MIN_GAIN (the cost curve
+and N = 0 (a plain step, 1.0) when no N beats it by tree.min_gain (the cost curve
 and the rates are estimates: a predicted gain of a few percent is within their
 error, and a step verified on it loses as often as it wins); while the gain is
 that thin and auto's T(1) is not timed well enough, the step is plain and times
@@ -49,8 +49,6 @@ PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates, before any tr
 # accepted) look worth a verify for 20+ steps of nothing accepted
 PRIOR_FADES = True
 PRIOR_FLOOR = 0.1  # the prior never goes: a depth's rate stays defined on little evidence
-MIN_GAIN = 0.03  # predicted speed-up over a plain step a verify must beat
-THIN_GAIN = 0.10  # below this predicted gain the choice hangs on T(1): time it when it is due
 
 
 @dataclass
@@ -61,11 +59,21 @@ class _Hindsight:
     position: int  # len(context) when proposed: the first token it predicts is context[position]
 
 
+@dataclass(frozen=True)
+class TreeGains:
+    """conf/tree/*.yaml's tree.min_gain / tree.thin_gain: the predicted speed-up over a plain step a verify must
+    beat, and the gain below which the choice hangs on T(1) (time it when it is due)."""
+
+    min_gain: float
+    thin_gain: float
+
+
 @dataclass
 class TreeSizer:
     budget: Any  # the run's Budget; AutoBudget is read through its public rates and costs
     shape: TreeShape
     free: bool  # the drafter costs nothing per proposal (n-gram, lookahead): candidates every step
+    gains: TreeGains
     accepted: dict[int, float] = field(default_factory=dict)  # depth -> accepted nodes (forgetting sum)
     scored: dict[int, float] = field(default_factory=dict)  # depth -> scores of the nodes verified there
     reached: dict[int, list[float]] = field(default_factory=dict)  # depth -> [path reached it, tree had it]
@@ -111,7 +119,7 @@ class TreeSizer:
 
     def _t1_decides(self, value: float) -> bool:
         """A gain this thin hangs on T(1), and auto's is not timed well enough yet: a plain step times it."""
-        return value < 1 + THIN_GAIN and self.budget.plain_timing_due()
+        return value < 1 + self.gains.thin_gain and self.budget.plain_timing_due()
 
     def _with_depth(self, depth: int) -> TreeShape:
         if self.shape.kind != "dynamic" or depth >= self.shape.depth:
@@ -121,7 +129,7 @@ class TreeSizer:
     def _depth_worth_drafting(self) -> tuple[int, float]:
         """(deepest level d whose chance of being reached is at least its draft cost c, its predicted
         speed-up): a level the path rarely reaches does not pay for the draft forward that proposes it.
-        (0, 1.0) when no chain beats a plain step by MIN_GAIN."""
+        (0, 1.0) when no chain beats a plain step by tree.min_gain."""
         c = self._c()
         depth = 0
         for d in range(1, self.shape.max_depth + 1):
@@ -134,9 +142,9 @@ class TreeSizer:
 
     def _best_n_from_rates(self, depth: int) -> tuple[int, float]:
         """Before a costly draft: the chain of `depth` priced on the reach rates (a tree does at least as well),
-        as (best length, its predicted speed-up); (0, 1.0) when none beats a plain step by MIN_GAIN, as `size`
+        as (best length, its predicted speed-up); (0, 1.0) when none beats a plain step by tree.min_gain, as `size`
         would judge it after the draft."""
-        tokens, best, best_n = 1.0, 1.0 + MIN_GAIN, 0
+        tokens, best, best_n = 1.0, 1.0 + self.gains.min_gain, 0
         for d in range(1, depth + 1):
             tokens += self._reach(d)
             value = tokens / (depth * self._c() + self._ratio(d + 1))
@@ -163,7 +171,7 @@ class TreeSizer:
             if value > best + 1e-9:
                 best, best_n, best_tokens = value, n, tokens
         plain_reason = "plain"
-        if best_n and best < 1 + MIN_GAIN:
+        if best_n and best < 1 + self.gains.min_gain:
             best_n, best_tokens = 0, 1.0  # within the estimates' error: not worth a verify
         elif best_n and self._t1_decides(best):
             best_n, best_tokens, plain_reason = 0, 1.0, "plain (timing T(1))"

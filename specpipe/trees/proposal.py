@@ -1,6 +1,6 @@
 """The tree half of the one step (core/step.py): a row whose drafts are token trees.
 
-Contract: `tree_parts(target, drafter, shape, sampler, budget)` refuses (SpecpipeError, one line naming
+Contract: `tree_parts(target, drafter, shape, sampler, budget, gains)` refuses (SpecpipeError, one line naming
 tree=chain) targets and drafters that cannot do trees and returns the row's TreeParts. Per step,
 `propose_tree_row(row, room, clock)` plans (the tree sizer, trees/budget.py), asks the drafter for scored
 candidates, cuts them to the shape, the budget and `room`, and yields the Drafted event; the one forward
@@ -44,10 +44,11 @@ class TreeParts:
     sampler: Any = None
 
 
-def tree_parts(target, drafter, shape: TreeShape, sampler=None, budget=None) -> TreeParts:
+def tree_parts(target, drafter, shape: TreeShape, sampler=None, budget=None, gains=None) -> TreeParts:
     """A row's tree parts, or SpecpipeError (one line naming tree=chain) for a target or drafter without trees.
 
-    `budget` sizes each tree (trees/budget.py); None: the shape alone decides (scripts, tests)."""
+    `budget` sizes each tree (trees/budget.py) with `gains` (TreeGains, conf/tree's min_gain / thin_gain);
+    None: the shape alone decides (scripts, tests)."""
     refusal = tree_refusal(target.model, target.make_cache(), target.info.name, target.info.arch)
     if refusal:
         raise SpecpipeError(refusal)
@@ -62,7 +63,9 @@ def tree_parts(target, drafter, shape: TreeShape, sampler=None, budget=None) -> 
         )
     # Free: proposing costs no forward (n-gram, lookahead); an MTP head has no engine but runs forwards.
     free = drafter.engine is None and drafter.cost_per_token is None
-    sizer = TreeSizer(budget, shape, free=free) if budget is not None else None
+    if budget is not None and gains is None:
+        raise ValueError("tree_parts: a budget sizes trees with gains (TreeGains from tree.min_gain / thin_gain)")
+    sizer = TreeSizer(budget, shape, free=free, gains=gains) if budget is not None else None
     return TreeParts(shape, sizer, sampler if sampler is not None and not sampler.greedy else None)
 
 
