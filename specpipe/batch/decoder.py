@@ -24,8 +24,9 @@ metrics.py's StatsCollector over those events (`Row.collector`), never from coun
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -40,6 +41,8 @@ from specpipe.metrics import StatsCollector
 
 RHO_PRIOR = 0.75  # a new row's drafter is expected to propose on 3 of 4 asked steps (a model drafter: always)
 RHO_DECAY = 0.8
+
+Expectation = Callable[[int], float]  # tokens a step drafting k yields (batch/pricing.py RowRates)
 
 
 def refusal(target) -> str | None:
@@ -388,7 +391,8 @@ class BatchDecoder:
         priced = [r for r in self.rows if r.k_override is None and r.tree is None and r.expects]
         curve = None
         if self.pricing is not None:
-            rates = [RowRates(r.budget.expected_tokens, r.budget.draft_cost, r.rho) for r in priced]
+            # a priced row expects (its budget's expected_tokens(1) is not None): its figures are floats
+            rates = [RowRates(cast(Expectation, r.budget.expected_tokens), r.budget.draft_cost, r.rho) for r in priced]
             curve = self.pricing.curve(rates, len(self.rows))
         for row in priced:
             row.budget.price_batch(curve)

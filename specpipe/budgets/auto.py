@@ -226,6 +226,12 @@ class AutoBudget(BudgetBase):
         batch, the batch's price of this row's draft (`price_batch`)."""
         return self._batch_curve if self._batch_curve is not None else self._curve
 
+    @ratio.setter
+    def ratio(self, calibrated: dict[int, float]) -> None:
+        self._base = self._calibrated = dict(calibrated)  # _base: the short-context curve at_context starts from
+        self._seconds.clear()
+        self._curve = _monotone(calibrated)
+
     def expected_tokens(self, k: int) -> float:
         """Tokens a step drafting k yields by this run's pooled rates: 1 + alpha (1 - g^k) / (1 - g)."""
         g = self.continuation
@@ -239,12 +245,6 @@ class AutoBudget(BudgetBase):
         """Price drafts by `curve` while the row shares a batched forward (None: alone again). Its verify
         timings are then the shared forward's, at the batch's widest draft: they do not correct this row's curve."""
         self._batch_curve = _monotone(curve) if curve is not None else None
-
-    @ratio.setter
-    def ratio(self, calibrated: dict[int, float]) -> None:
-        self._base = self._calibrated = dict(calibrated)  # _base: the short-context curve at_context starts from
-        self._seconds.clear()
-        self._curve = _monotone(calibrated)
 
     def _observe_verify(self, n: int, seconds: float) -> None:
         """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
