@@ -81,3 +81,24 @@ def test_a_dear_batch_decodes_plain_and_a_cheap_one_drafts(session):
     assert dear_out == plain and cheap_out == plain
     assert dear["batched"] == 0, dear  # no draft pays for what two rows wait at 3 plain steps per position
     assert cheap["batched"] > 0, cheap
+
+
+def test_a_batched_rows_draft_cost_is_not_learned_from_the_shared_forward():
+    """A batched row's verify seconds are the shared forward's: they imply no T(1) of the row, so its draft cost c
+    stays what it learned alone. (A probe past the batch's width, priced BEYOND there, once implied a T(1) of
+    microseconds: c grew 0.27 -> 2e5 over a served sitting and the rows probed every step.)"""
+    from specpipe.batch.pricing import BEYOND
+    from specpipe.budgets.auto import AutoBudget
+
+    budget = AutoBudget()
+    budget.ratio = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 34)}
+    budget.c = 0.27
+    budget.observe(2, 2, draft_s=0.05, verify_s=0.5)  # a drafting step alone: the next one may teach c
+    alone = budget.c
+    budget.price_batch({n: 1.0 if n <= 1 else BEYOND for n in range(1, 34)})  # the batch decodes plain
+    for _ in range(5):
+        budget.observe(2, 2, draft_s=0.05, verify_s=0.5)  # the row probes 2 tokens past the batch's width
+    assert budget.c == alone
+    budget.price_batch(None)  # alone again: its own verifies teach c as before
+    budget.observe(2, 2, draft_s=0.05, verify_s=0.5)
+    assert budget.c != alone and budget.c < 1.0

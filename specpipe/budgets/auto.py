@@ -642,7 +642,9 @@ class AutoBudget(BudgetBase):
         self._count(drafted, accepted, evidence)
         tops = self._drafter.last_tops if self._drafter is not None and self.chain_stop is not None else []
         forwards = max(drafted, len(tops))  # a chain cut by the stop also computed the token it dropped
-        cost = forwards * self.c + self.ratio[min(fed, max(self.ratio))]
+        # the row's own curve, alone or batched: a batch's price (`ratio` while batched) marks positions past
+        # the batch's width unpayable (BEYOND), which is no cost of this row's step
+        cost = forwards * self.c + self._curve[min(fed, max(self._curve))]
         self._rate = self.forget * self._rate + (1 - self.forget) * (accepted + 1) / cost
         confidence = 1.0
         for i, top in enumerate(tops[:drafted]):  # what the chain stop's hold rates learn: each verified token
@@ -653,9 +655,11 @@ class AutoBudget(BudgetBase):
             # a probe that held entirely is a lead, not a reason to wait longer: probe again next step
             self._since_probe, self._probe_wait = 0, 1
         # Only steps after a drafting step: after plain steps a model drafter first catches up on the
-        # tokens it missed, and charging that to a short probe would inflate c and keep K at 0.
-        if draft_s is not None and verify_s and self._drafted_before:
-            t1 = verify_s / self.ratio[min(fed, max(self.ratio))]  # this step's implied T(1)
+        # tokens it missed, and charging that to a short probe would inflate c and keep K at 0. Not in a
+        # batch: its verify seconds are the shared forward's, which implies no T(1) of this row (a probe past
+        # the batch's width, priced BEYOND there, once implied a T(1) of microseconds and c grew to 10^5)
+        if draft_s is not None and verify_s and self._drafted_before and self._batch_curve is None:
+            t1 = verify_s / self._curve[min(fed, max(self._curve))]  # this step's implied T(1)
             self.c = self.forget * self.c + (1 - self.forget) * (draft_s / forwards) / t1
         self._drafted_before = True
         self._carry_out()
