@@ -148,3 +148,16 @@ def test_asking_for_a_cut_the_draft_cannot_take_is_refused_in_one_line():
 def test_a_cut_at_or_above_the_vocabulary_keeps_the_whole_head():
     target = tiny("llama")
     assert ModelDrafter(target=target, load=None, model="self", vocab=100_000)._vocab is None
+
+
+def test_drafters_on_one_draft_model_share_its_cut_head_but_not_their_contexts_rows():
+    """A server builds a drafter per request on one loaded draft: the head cut is gathered once and shared (it
+    took ~1 s of each request's first token for the 0.5B draft), each drafter's context rows stay its own."""
+    target = tiny("llama")
+    draft = noisy_copy(target, scale=0.3)
+    first, second = (ModelDrafter(target=target, load=lambda **_: draft, model="other", vocab=KEEP) for _ in range(2))
+    assert first._vocab is not second._vocab and first._vocab._base is second._vocab._base  # one gathered copy
+    base = second._vocab.ids()
+    first.prefill(target.encode_prompt(PROMPT, chat=False))
+    assert first._vocab.ids() > base, "the prompt's ids joined the first drafter's rows"
+    assert second._vocab.ids() == base, "and not the second's"

@@ -26,6 +26,7 @@ logits come back [.., 10] with -inf at 4, 5, 6 and 8.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -64,6 +65,13 @@ class DraftVocab:
         mx.eval(self._base)  # one gathered copy of the kept rows, read by every draft token
         self._base_set = set(base)
         self.reset([])
+
+    def fork(self) -> DraftVocab:
+        """A DraftVocab of its own for another drafter on the same head: the gathered frequent rows and the
+        variants are shared (read-only), the context's extra rows start empty."""
+        twin = copy.copy(self)
+        twin.reset([])
+        return twin
 
     def reset(self, context_ids: Iterable[int]) -> None:
         """Start a new generation: the frequent rows, the end ids and `context_ids`."""

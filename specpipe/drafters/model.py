@@ -35,6 +35,8 @@ every step accepts K) prefills before the first step as before.
 
 from __future__ import annotations
 
+import weakref
+
 import mlx.core as mx
 
 from specpipe.core.plan import StepPlan
@@ -51,6 +53,20 @@ from specpipe.errors import SpecpipeError
 # The rows a draft head scores by default: the 32k ids most used in code and English text (with the context's,
 # added as they appear); Qwen's 152k-row head shrinks to a fifth (drafters/draft_vocab.py).
 DEFAULT_VOCAB = 32768
+
+# What a loaded draft model's drafters share, computed once per (draft engine, target): the tokenizer check and
+# the cut head's gathered rows. A server builds one drafter per request, and for Qwen2.5-Coder-0.5B these took
+# ~1 s of every request's time to first token (tokenizer vocabularies read four times, 32k head rows gathered).
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _once(engine: Engine, target: Engine, key, build):
+    """`build()`'s value for (engine, target, key), built on first use; both engines are held weakly."""
+    per_target = _SHARED.setdefault(engine, weakref.WeakKeyDictionary())
+    memo = per_target.setdefault(target, {})
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]
 
 
 class ModelDrafter(DrafterBase):
@@ -105,11 +121,11 @@ class ModelDrafter(DrafterBase):
             self.engine = target
         else:
             self.engine = load(name=None if path else model, path=path, precision=quant)
-            diff = same_vocabulary(target, self.engine)
+            diff = _once(self.engine, target, "same_vocabulary", lambda: same_vocabulary(target, self.engine))
             if diff is not None:  # different tokenizers (or logit widths): draft through a token map
                 self._cross = CrossVocab(target, self.engine, vocab_map, sampler, diff)
         # a cut head (draft.vocab) ranks the draft's own ids; a mapped draft keeps its whole head
-        self._vocab = self._draft_vocab(vocab, target) if self._cross is None else None
+        self._vocab = self._shared_vocab(vocab, target) if self._cross is None else None
         # its prefill runs a model: the first token must not wait for it. Not draft.model=self, the self-test
         # whose every step accepts K (a plain first step would break that invariant)
         self.prefill_after_first_token = self.engine is not target
@@ -119,6 +135,12 @@ class ModelDrafter(DrafterBase):
         self.forwards = 0
         self._rollback: Rollback | None = None  # the run's rollback strategy, for this drafter's own cache
         self._fed: list[int] | None = None  # ids fed into the cache since the strategy's before_forward
+
+    def _shared_vocab(self, vocab: int | None, target) -> DraftVocab | None:
+        """This drafter's own fork of the head cut every drafter on this draft engine shares (`_once`)."""
+        key = ("draft_vocab", vocab, DEFAULT_VOCAB, tuple(sorted(target.eos_token_ids)))  # None: the default's
+        shared = _once(self.engine, target, key, lambda: self._draft_vocab(vocab, target))
+        return shared.fork() if shared is not None else None
 
     def _draft_vocab(self, vocab: int | None, target) -> DraftVocab | None:
         """The restricted head for draft.vocab (None: every row is scored)."""
