@@ -8,8 +8,14 @@ from __future__ import annotations
 import pytest
 from conftest import generate, make_drafter, pair_with_baseline
 
+from specpipe.budgets.fixed import FixedBudget
+from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import StepPlan
+from specpipe.core.stages.bonus import GreedyBonus
+from specpipe.core.stages.compare import GreedyComparator
 from specpipe.events import Drafted, DraftPrefilled, Emitted, PrefillDone
 from specpipe.metrics import StatsCollector
+from specpipe.rollbacks.trim import TrimRollback
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +62,46 @@ def test_the_deferred_prefill_is_prefill_not_decoding():
     stats = collector.stats()
     assert stats.ttft_s == 1.5 and stats.draft_prefill_s == 2.0
     assert stats.decode_tok_s == pytest.approx(4 / 1.0)  # 3 s after the prefill, 2 of them the draft's prefill
+
+
+class _PlainThenK(FixedBudget):
+    """Plain steps first (a budget judging that drafting does not pay, or a batch decoding plain), then K."""
+
+    def __init__(self, plain_steps: int, k: int):
+        super().__init__(k=k)
+        self.plain_steps, self.planned = plain_steps, 0
+
+    def plan(self, cache_len: int, room: int) -> StepPlan:
+        self.planned += 1
+        return StepPlan(k=0) if self.planned <= self.plain_steps else super().plan(cache_len, room)
+
+
+def test_the_draft_prefills_only_when_its_row_first_drafts(setup):
+    """Steps the budget makes plain need no draft: its prefill waits for the first step that drafts (a batch of
+    8 rows decoding plain on a CPU stalled for every joining row's draft prefill), over the context by then."""
+    target, draft, prompt, baseline = setup
+    pipe = SpeculativePipeline(
+        target,
+        make_drafter("model", target, draft),
+        _PlainThenK(5, 4),
+        GreedyComparator(),
+        TrimRollback(),
+        GreedyBonus(),
+    )
+    events = list(pipe.run(prompt, 24, stop_ids=set()))
+    assert events[-1].token_ids == baseline[:24]
+    prefilled = [e for e in events if isinstance(e, DraftPrefilled)]
+    assert len(prefilled) == 1 and prefilled[0].tokens == len(prompt) + 6  # the first token and 5 plain ones
+    drafted = [e for e in events if isinstance(e, Drafted)]
+    assert [d.k for d in drafted[:7]] == [0, 0, 0, 0, 0, 0, 4]
+    assert events.index(prefilled[0]) < events.index(drafted[6])
+    plain = SpeculativePipeline(
+        target,
+        make_drafter("model", target, draft),
+        _PlainThenK(10**6, 4),
+        GreedyComparator(),
+        TrimRollback(),
+        GreedyBonus(),
+    )
+    never = list(plain.run(prompt, 24, stop_ids=set()))
+    assert never[-1].token_ids == baseline[:24] and not any(isinstance(e, DraftPrefilled) for e in never)

@@ -47,8 +47,8 @@ class Row:
     context: prompt + emitted tokens (and any token a stop id cut: the caches hold it); the target cache
         holds all but the newest, `last_id`.
     tree: tree parts (tree != chain), or None: chains.
-    draft_ready: False while the drafter's prefill waits for the first token (a draft model): the first step
-        is plain and the second prefills it (DraftPrefilled).
+    draft_ready: False while the drafter's prefill waits (a draft model): the first step is plain, and the first
+        later step that drafts prefills it (DraftPrefilled); steps the budget makes plain never wait for it.
     draft_capture: what the drafter reads of the target's forwards (`Drafter.capture`: draft=mtp's final hidden
         state, draft=eagle3's layer taps); every verify records it and hands it to `observe_hidden`. None: nothing.
     k_override: RunControl's K for this step (None: the budget plans).
@@ -208,15 +208,11 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, ChainProposal | 
     # the first token as soon as plain decoding's: before a draft model's prefill, or where the budget asks
     # (auto: a first verify of K + 1 tokens made short prompts' TTFT 10-30% later than plain's)
     first_plain = row.step == 1 and (not row.draft_ready or (row.budget.first_token_plain and row.k_override is None))
-    if not row.draft_ready and not first_plain:
-        s = time.perf_counter()
-        row.drafter.prefill(row.context)
-        row.draft_ready = True
-        yield DraftPrefilled(t=clock(), tokens=len(row.context), seconds=time.perf_counter() - s)
     room = row.max_tokens - len(row.output) - 1  # never more than the tokens still wanted, minus the bonus
     if row.tree is not None and not first_plain:
         from specpipe.trees.proposal import propose_tree_row
 
+        yield from _prefill_draft(row, clock)
         return (yield from propose_tree_row(row, room, clock))
     if first_plain:
         plan = StepPlan.first_token()
@@ -224,7 +220,21 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, ChainProposal | 
         plan = StepPlan.override(row.k_override, room)
     else:
         plan = row.budget.plan(len(row.context) - 1, room)  # the cache holds all but the newest token
+    if not first_plain and max(plan.k, plan.lookup_k, plan.hindsight_k) > 0:
+        # a draft model prefills when its row first drafts: a step the budget makes plain needs no draft, and
+        # in a batch that decodes plain (8 rows on a CPU) every joining row's prefill stalled every row
+        yield from _prefill_draft(row, clock)
     return (yield from propose_chain(row, plan, clock, first_plain))
+
+
+def _prefill_draft(row: Row, clock) -> Generator[Event, None, None]:
+    """The deferred draft prefill (a draft model's: `draft_ready` False until now), over the context so far."""
+    if row.draft_ready:
+        return
+    s = time.perf_counter()
+    row.drafter.prefill(row.context)
+    row.draft_ready = True
+    yield DraftPrefilled(t=clock(), tokens=len(row.context), seconds=time.perf_counter() - s)
 
 
 def _emit(row: Row, new_ids: list[int], n: int, clock) -> Generator[Event, None, None]:
