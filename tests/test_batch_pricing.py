@@ -102,3 +102,29 @@ def test_a_batched_rows_draft_cost_is_not_learned_from_the_shared_forward():
     budget.price_batch(None)  # alone again: its own verifies teach c as before
     budget.observe(2, 2, draft_s=0.05, verify_s=0.5)
     assert budget.c != alone and budget.c < 1.0
+
+
+def test_a_batched_row_never_drafts_past_the_batchs_width_not_even_a_probe():
+    """The batch prices its width from every row's rates; a row probing past it widens every row's forward.
+    (The Qwen pair at 8 clients: probes that held re-probed every step, 2 tokens a step where the batch priced
+    plain, and the server ran at 0.63x of plain decoding's throughput.)"""
+    from specpipe.batch.pricing import BEYOND
+    from specpipe.budgets.auto import AutoBudget
+
+    def budget_after_a_held_probe() -> AutoBudget:
+        budget = AutoBudget(probe_every=1)
+        budget.ratio = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 34)}
+        budget.c = 0.27
+        k = budget.plan(10, 100).k
+        budget.observe(k, k, draft_s=0.05, verify_s=0.5)  # the draft held entirely: "probe again next step"
+        return budget
+
+    alone = budget_after_a_held_probe()
+    assert alone.plan(12, 100).k > 0, "alone, the row drafts (or probes) on"
+    batched = budget_after_a_held_probe()
+    batched.price_batch({n: 1.0 if n <= 1 else BEYOND for n in range(1, 34)})  # the batch decodes plain
+    for _ in range(4):
+        plan = batched.plan(12, 100)
+        assert plan.k == 0 and not plan.probe and plan.decision.reason in ("plain", "batch width"), plan
+    batched.price_batch({n: 1.0 if n <= 3 else BEYOND for n in range(1, 34)})  # the batch drafts 2
+    assert 0 < batched.plan(12, 100).k <= 2
