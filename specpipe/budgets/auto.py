@@ -164,7 +164,6 @@ class AutoBudget(BudgetBase):
         self._seconds: dict[int, deque[float]] = {}  # n -> this run's last verify seconds over n tokens
         self._since_plain = 0  # verifies since the last plain (n = 1) one
         self._batch_curve: dict[int, float] | None = None  # price_batch's, while the row is batched
-        self._batch_width: int | None = None  # the batch's K this step (price_batch), while the row is batched
         self.ratio = {n: float(n) for n in range(1, K_MAX + 2)}  # pessimistic until calibrated
         self.c = 1.0
         # the drafter can guess tokens already emitted (n-gram, MTP): probe in hindsight, no verify
@@ -247,10 +246,16 @@ class AutoBudget(BudgetBase):
         timings are then the shared forward's, at the batch's widest draft: they do not correct this row's curve.
         The batch's width (the positions it prices below BEYOND, less the root) caps every draft of the row,
         probes too (`plan`)."""
+        self._batch_curve = _monotone(curve) if curve is not None else None
+
+    @property
+    def _batch_width(self) -> int | None:
+        """The batch's K this step, read off its price (the positions below BEYOND, less the root); None alone."""
         from specpipe.batch.pricing import BEYOND  # here: the batch imports this module's budget
 
-        self._batch_curve = _monotone(curve) if curve is not None else None
-        self._batch_width = None if curve is None else max(n for n, price in curve.items() if price < BEYOND) - 1
+        if self._batch_curve is None:
+            return None
+        return max(n for n, price in self._batch_curve.items() if price < BEYOND) - 1
 
     def _observe_verify(self, n: int, seconds: float) -> None:
         """A verify over n tokens took `seconds` (n = 1: a plain step). Once a plain step has been timed,
@@ -480,12 +485,12 @@ class AutoBudget(BudgetBase):
         self._room = room
         self.at_context(cache_len)
         k = self.next_k()
-        lookup_k = self.lookup_k
-        if self._batch_width is not None and max(k, lookup_k) > self._batch_width:
+        lookup_k, width = self.lookup_k, self._batch_width
+        if width is not None and max(k, lookup_k) > width:
             # the batch decided its width from every row's rates (batch/pricing.py): a row probing past it made
             # the batch's step wider for all. The Qwen pair's rows at 8 clients, held probes re-probing every
             # step, drafted 2 tokens a step where the batch priced plain: 0.63x of plain decoding's throughput
-            k, lookup_k = min(k, self._batch_width), min(lookup_k, self._batch_width)
+            k, lookup_k = min(k, width), min(lookup_k, width)
             self.k = self._decide(k, "batch width")
         return self._planned(StepPlan(k=k, lookup_k=lookup_k)).capped(room)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import Drafter, DrafterBase, Rollback
+from specpipe.core.stages.compare import first_false
 from specpipe.core.stages.draft import Draft
 from specpipe.drafters.source_price import SourcePrice
 from specpipe.errors import ConfigError
@@ -125,9 +126,12 @@ class ChainDrafter(DrafterBase):
         self.supports_trees = any(s.supports_trees for s in self.sources)
         # beside a costly source, the look back is the free sources' (a lookup's: budget=auto counts it for
         # its class alone, as draft=ngram's); without one, every source must be able to look back
-        self._lookers = [i for i, s in enumerate(self.sources) if s.supports_hindsight and self.free[i]]
-        if not self.evidence_is_free:
-            self._lookers = list(range(len(self.sources))) if all(s.supports_hindsight for s in self.sources) else []
+        if self.evidence_is_free:
+            self._lookers = [i for i, s in enumerate(self.sources) if s.supports_hindsight and self.free[i]]
+        elif all(s.supports_hindsight for s in self.sources):
+            self._lookers = list(range(len(self.sources)))
+        else:
+            self._lookers = []
         self.supports_hindsight = bool(self._lookers)
         self.needs_hidden = any(s.needs_hidden for s in self.sources)
         self._slope = 0.0  # verify cost per extra token in target forwards (budget=auto's t_verify, last seen)
@@ -273,8 +277,7 @@ class ChainDrafter(DrafterBase):
                 self.last_evidence = s.last_evidence
                 if self.free[i]:
                     held = [g == t for g, t in zip(guess, context_ids[len(context_ids) - m :])]
-                    matched = held.index(False) if False in held else len(held)
-                    self._class_price(i, s.last_evidence).observe(len(held), matched)
+                    self._class_price(i, s.last_evidence).observe(len(held), first_false(held))
                 break
         self._count_forwards()
         return guess
