@@ -125,8 +125,10 @@ def test_not_a_gguf_file(tmp_path):
 
 
 def test_mismatched_tokenizers_draft_through_a_token_map(tmp_path, smollm2_gguf):
-    """SmolLM2 (BPE) drafts for the tiny byte model: draft.vocab_map=auto picks the intersection, the header
-    and summary.json say so, and the tokens are plain decoding's."""
+    """SmolLM2 (BPE) drafts for the tiny byte model: draft.vocab_map=auto picks the intersection, the header,
+    summary.json and the chat's panel (fed the run's own events) say so, and the tokens are plain decoding's."""
+    from tui.figures import Figures
+
     args = ["model=tiny-random", "max_tokens=12", "prompt.text=ab ab ab ab"]
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     proc = specpipe([*args, "draft=model", "draft.model=smollm2-135m"], tmp_path / "a")
@@ -134,6 +136,9 @@ def test_mismatched_tokenizers_draft_through_a_token_map(tmp_path, smollm2_gguf)
     assert "(vocab_map=intersection, 238 tokens shared)" in proc.stderr.splitlines()[0], proc.stderr
     summary = json.loads((run_dir(tmp_path / "a") / "summary.json").read_text())
     assert (summary["draft_vocab_map"], summary["draft_vocab_shared"]) == ("intersection", 238)
+    figures = Figures()
+    figures.consume(next(iter(read_events(run_dir(tmp_path / "a") / "events.jsonl"))))
+    assert ("vocab map", "intersection (238 shared)") in figures.rows()
     assert specpipe([*args, "draft=none"], tmp_path / "b").returncode == 0
     assert summary["tokens"] == json.loads((run_dir(tmp_path / "b") / "summary.json").read_text())["tokens"]
 

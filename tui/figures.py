@@ -22,6 +22,7 @@ class Figures:
         self.target = self.drafter = self.budget = self.rollback = self.compare = "-"
         self.config_yaml = ""
         self.tree = ""  # tree != chain: the shape label RunStarted carries
+        self.vocab_map = ""  # a draft with another tokenizer: its token map and the ids both share
         self.k: int | None = None  # K of the latest step
         self.source = ""  # draft=chain: the source that drafted the latest step (Drafted.source)
         self.k_label = ""  # a served chat: the server's K as its budget label gives it (figures.served_k)
@@ -44,6 +45,7 @@ class Figures:
             self.budget, self.rollback, self.compare = event.budget, event.rollback, event.compare
             self.config_yaml = event.config_yaml or self.config_yaml
             self.tree = event.tree
+            self.vocab_map = vocab_map_label(event.draft_vocab_map, event.draft_vocab_shared)
             self.warnings = list(event.warnings)
             self.served = event.target.source == "server"  # no step events: the figures come with RunFinished
             self.k_label = served_k(event.budget) if self.served else ""
@@ -82,6 +84,7 @@ class Figures:
             # draft=chain: accepted / drafted per source this answer
             *([("sources", by_source(s.drafted_by_source, s.accepted_by_source))] if s.drafted_by_source else []),
             ("drafter", self.drafter),
+            *([("vocab map", self.vocab_map)] if self.vocab_map else []),
             ("budget", self.budget),
             *([("tree", short_tree(self.tree))] if self.tree else []),
             ("rollback", self.rollback),
@@ -103,6 +106,13 @@ class Figures:
 def by_source(drafted: dict[str, int], accepted: dict[str, int]) -> str:
     """Accepted / drafted per chained source: {"ngram": 12, "model": 8} drafted -> "ngram 9/12, model 5/8"."""
     return ", ".join(f"{name} {accepted.get(name, 0)}/{n}" for name, n in drafted.items())
+
+
+def vocab_map_label(method: str, shared: int | None) -> str:
+    """How a draft with another tokenizer reaches the target's ids: "intersection (238 shared)"; "" for none."""
+    if not method:
+        return ""
+    return f"{method} ({shared} shared)" if shared is not None else method
 
 
 def served_k(budget: str) -> str:
