@@ -209,6 +209,9 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     prefill_tok_s: float = 0.0  # prompt tokens / the target's prefill seconds (the draft model's prefill apart)
     prefill_s: float = 0.0  # the whole prefill: target + drafter
     draft_prefill_s: float = 0.0  # the drafter's share of prefill_s (a draft model's own cache)
+    # seconds the drafter spent proposing while decoding (Drafted.seconds summed): over `drafted`, a draft's
+    # cost per token; over plain decoding's seconds per token, the c that budget=auto prices
+    draft_s: float = 0.0
     kv_bytes: int = 0  # the target's KV cache at the end of the run (kv=full | quantized | window)
     kv_bytes_per_token: float = 0.0  # kv_bytes / positions in that cache
     decode_tok_s: float = 0.0

@@ -39,6 +39,7 @@ class StatsCollector:
         self.prefill_s = 0.0
         self.target_prefill_s = 0.0
         self.draft_prefill_s = 0.0
+        self.draft_s = 0.0  # Drafted.seconds summed: the decode time spent drafting
         self.steps = 0
         self.drafted = 0
         self.accepted = 0
@@ -79,6 +80,7 @@ class StatsCollector:
             self._deferred_s += event.seconds
         elif isinstance(event, Drafted):
             self.drafted += len(event.draft_ids)
+            self.draft_s += event.seconds
             self.hindsight_checked += len(event.hindsight_ids)
             self.hindsight_matched += event.hindsight_matched
             self.draft_forwards += event.forwards
@@ -143,6 +145,7 @@ class StatsCollector:
             prefill_tok_s=self.prompt_tokens / self.target_prefill_s if self.target_prefill_s else 0.0,
             prefill_s=self.prefill_s,
             draft_prefill_s=self.draft_prefill_s,
+            draft_s=self.draft_s,
             decode_tok_s=generated / decode_s if decode_s > 0 else 0.0,
             ttft_s=self._first_emit_t or 0.0,
             wall_s=wall_s,

@@ -55,6 +55,8 @@ def check_accounting(events):
     )
     assert sum(parts) == s.draft_forwards, parts
     assert s.draft_forwards <= s.drafted + s.steps
+    # the drafter's decode seconds, the figure a draft's cost per token is read from, are its steps' own
+    assert s.draft_s == pytest.approx(sum(e.seconds for e in drafted)) and s.draft_s > 0
     return s
 
 
