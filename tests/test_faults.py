@@ -612,16 +612,19 @@ def test_trainer_override_typo_is_one_line(tmp_path):
 
 
 def test_draft_and_target_vocab_sizes_differ(tmp_path):
-    """Different logit widths (or tokenizers) draft through a token map now; a token tree still needs the
-    target's own tokenizer and is refused in one line."""
+    """Different logit widths (or tokenizers) draft through a token map now, token trees through the
+    intersection map too; a tree through the text map (no candidates of its own per node) is refused in one line."""
     args = [*TINY, "+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "sampling=sample"]
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     proc = run_cli([*args, "max_tokens=8"], tmp_path / "a")
     assert proc.returncode == 0, proc.stderr
     assert "(vocab_map=intersection, 259 tokens shared)" in proc.stderr
-    proc = run_cli([*args, "tree=dynamic"], tmp_path / "b")
+    proc = run_cli([*args, "tree=dynamic", "max_tokens=8"], tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "c").mkdir()
+    proc = run_cli([*args, "tree=dynamic", "draft.vocab_map=text"], tmp_path / "c")
     assert proc.returncode == 1
-    assert "token trees need a draft with the target's tokenizer; use tree=chain" in error_line(proc.stderr)
+    assert "use draft.vocab_map=intersection or tree=chain" in error_line(proc.stderr)
 
 
 def test_prompt_longer_than_the_context(tmp_path):

@@ -14,6 +14,10 @@
   is exact under rejection sampling too (a draft that is a function of the context *is* its own q);
   what greedy drafting costs under sampling is acceptance, never the distribution.
 
+Token trees (`tree=static|dynamic`) go through `intersection` only: the draft's top-k chain (or its drawn
+tree under sampling) is built in its own ids and moved node by node onto the target's, each node's q with
+it; `text` re-encodes one chain of text and has no siblings to offer.
+
 The draft's context is kept in its own tokens: the target's text since the last step (the accepted
 drafts, the recovered or bonus token) is appended as bytes and encoded with the draft's tokenizer,
 together with the draft tokens not yet in its cache (at least the newest), so a token boundary the new
@@ -26,6 +30,8 @@ keeps [.., c, a, t], and the next step encodes "," after it.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from specpipe.core.stages.draft import Draft
 from specpipe.drafters.vocab_map import VocabMap, check_round_trip, choose, encode_bytes
@@ -132,6 +138,40 @@ class CrossVocab:
             catchup_tokens=draft.catchup_tokens,
             catchup_forwards=draft.catchup_forwards,
         )
+
+    def tree_to_target(self, draft):
+        """The draft model's TreeDraft (its own ids; a sampled tree's q per chain node) as the target's.
+
+        Every node is a shared id (the mask keeps q at 0 elsewhere, and a node is one of the `width` best of
+        masked logits), so each maps one to one; a node that did not (never while the shared set holds
+        `width` ids) would leave with its subtree. The chain's cached tokens map the same way: the tree's
+        rollback compares them with the accepted path, and `draft_kept` keeps the draft's own tokens of it."""
+        from specpipe.trees.drafting import TreeDraft
+        from specpipe.trees.tree import Drawn, TokenTree
+
+        assert self.method == "intersection", "trees through a text map are refused before the first step"
+        d2t, own = self.vmap.d2t, draft.candidates
+        tree, index = TokenTree(), {-1: -1}  # own node -> target node (the root stays the root)
+        for i, (token, parent, score) in enumerate(zip(own.tokens, own.parents, own.scores)):
+            mapped = int(d2t[token]) if 0 <= token < len(d2t) else -1
+            if mapped >= 0 and parent in index:
+                index[i] = tree.add(mapped, index[parent], score)
+        for path, drawn in own.drawn.items():
+            moved = tuple(int(d2t[t]) for t in path)
+            order = [int(d2t[t]) for t in drawn.order if d2t[t] >= 0]
+            tree.drawn[moved] = Drawn(q=self._q_to_target(drawn.q), order=order)
+        chain = list(draft.cached_tail)
+        self._drafted = chain  # the draft tokens fed into its cache: what draft_kept keeps of the accepted path
+        self._proposal = [int(d2t[t]) for t in chain]
+        return TreeDraft(tree, cached_tail=self._proposal, catchup_tokens=draft.catchup_tokens, source=draft.source)
+
+    def _q_to_target(self, q: np.ndarray) -> np.ndarray:
+        """A node's q over the draft's ids -> over the target's: each shared id's mass at its target id."""
+        out = np.zeros(self.vmap.target_rows, dtype=q.dtype)
+        d, t = self.vmap.draft_ids, self.vmap.target_ids
+        scored = (d < len(q)) & (t < len(out))  # ids both sides' logits score
+        out[t[scored]] = q[d[scored]]
+        return out
 
     def _reencode(self, context_ids: list[int], drafted: list[int]) -> list[int]:
         """Draft tokens -> target tokens through their text, the context's last target tokens as overlap."""

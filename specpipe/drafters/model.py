@@ -74,7 +74,7 @@ class ModelDrafter(DrafterBase):
     engine: Engine  # always a model, never None
     cache: list  # always its own cache
     needs_hidden = False  # drafts from its own forwards, not the target's hidden states
-    supports_trees = True  # its top-k chain (trees/drafting.py); refused through a token map (vocab_map)
+    supports_trees = True  # its top-k chain (trees/drafting.py); through a token map, `intersection` only
 
     def __init__(
         self,
@@ -298,15 +298,16 @@ class ModelDrafter(DrafterBase):
     def propose_tree(self, context_ids: list[int], shape):
         """A greedy chain with its top-k siblings at each depth (tree != chain; specpipe/trees/); with the
         prompt lookup on, the trie of earlier matches' continuations where the context's tail matched."""
-        from specpipe.trees.drafting import model_candidates
+        from specpipe.trees.drafting import TreeDraft, model_candidates
+        from specpipe.trees.tree import TokenTree
 
-        if self._cross is not None:
-            raise SpecpipeError(
-                f"draft.vocab_map={self._cross.method}: token trees need a draft with the target's tokenizer; "
-                "use tree=chain"
-            )
         if self._lookup is not None:
             tree = self._lookup.propose_tree(context_ids, shape)
             if tree.candidates.tokens:
                 return tree
+        if self._cross is not None:  # the draft's tree in its own tokens, moved onto the target's ids
+            own = self._cross.own_ids(context_ids, self.cached_len)
+            if own is None:
+                return TreeDraft(TokenTree())
+            return self._cross.tree_to_target(model_candidates(self, own, shape.max_depth, shape.width))
         return model_candidates(self, context_ids, shape.max_depth, shape.width)

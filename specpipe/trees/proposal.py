@@ -57,9 +57,10 @@ def tree_parts(target, drafter, shape: TreeShape, sampler=None, budget=None, gai
             f"draft={drafter.name} cannot propose token trees: "
             "use tree=chain, or draft=ngram / model / layerskip / mtp / lookahead"
         )
-    if drafter.vocab_map:  # its drafts are the target's ids only along one chain (drafters/cross_vocab.py)
+    if drafter.vocab_map == "text":  # re-encoded text is one chain: no siblings (drafters/cross_vocab.py)
         raise SpecpipeError(
-            f"draft.vocab_map={drafter.vocab_map}: token trees need a draft with the target's tokenizer; use tree=chain"
+            "draft.vocab_map=text: a token tree needs the draft's own candidates at each node, which re-encoded "
+            "text has not; use draft.vocab_map=intersection or tree=chain"
         )
     # Free: proposing costs no forward (n-gram, lookahead); an MTP head has no engine but runs forwards.
     free = drafter.engine is None and drafter.cost_per_token is None
