@@ -162,3 +162,25 @@ def test_every_drafter_batched_gives_each_request_its_answer_alone(arch, draft, 
         return
     assert got == [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
     assert len({tuple(g) for g in got}) == len(got)  # the seeds matter: four different answers
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("vocab_map", ["intersection", "text"])
+def test_a_cross_tokenizer_draft_batched_gives_each_request_its_answer_alone(vocab_map, tree, sampled):
+    """A draft whose vocabulary differs from the target's (its logits 259 wide, the target's 512) drafts through
+    its token map in every row of a batch, each row keeping its own map state; a text-map tree is refused."""
+    from specpipe.errors import SpecpipeError
+
+    overrides = ["+model.tiny.vocab_size=512", *DRAFTS["model"], f"draft.vocab_map={vocab_map}"]
+    overrides += ["tree=dynamic"] if tree else []
+    if tree and vocab_map == "text":
+        with pytest.raises(SpecpipeError, match="use draft.vocab_map=intersection or tree=chain"):
+            _batched(_session_of("llama", overrides, sampled), [0, 0, 0, 0])
+        return
+    session = _session_of("llama", overrides, sampled)
+    assert session.drafter.vocab_map == vocab_map
+    seeds = [3, 11, 7, 5] if sampled else [0, 0, 0, 0]
+    plain = _session_of("llama", ["+model.tiny.vocab_size=512", "draft=none"], sampled)
+    expected = [_alone(session if sampled else plain, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]
+    assert _batched(session, seeds) == expected
