@@ -335,3 +335,14 @@ def test_mapped_sampled_trees_keep_the_target_distribution(small_renumbered_pair
         assert rejects, f"chi-square {stat:.1f} <= {critical:.1f}: the broken map went unnoticed"
     else:
         assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}: output is not the target's distribution"
+
+
+def test_drafters_on_one_loaded_draft_share_its_map(renumbered_pair):
+    """A server builds a drafter per request: the map (both vocabularies read, ~1 s for Qwen and SmolLM2) is
+    built once per loaded draft and method, each drafter following its own context through it."""
+    target, draft = renumbered_pair
+    a, b = (ModelDrafter(target=target, load=lambda **_: draft, model="other", vocab_map="text") for _ in range(2))
+    assert a._cross is not None and b._cross is not None and a._cross is not b._cross
+    assert a._cross.vmap is b._cross.vmap
+    other = ModelDrafter(target=target, load=lambda **_: draft, model="other", vocab_map="intersection")
+    assert other.vocab_map == "intersection" and b.vocab_map == "text"

@@ -31,6 +31,8 @@ keeps [.., c, a, t], and the next step encodes "," after it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from specpipe.core.stages.draft import Draft
@@ -40,26 +42,44 @@ from specpipe.errors import SpecpipeError
 OVERLAP = 4  # target tokens of the context re-encoded with a text draft (UAG keeps a few)
 
 
-class CrossVocab:
-    """The draft side of a draft model whose tokenizer is not the target's (used by drafters/model.py)."""
+class ChosenMap(NamedTuple):
+    """The token map of a (target, draft) pair and the method a run drafts through: read-only, so every
+    drafter on one loaded draft shares it (drafters/model.py `_once`): building it reads both vocabularies
+    and, for `auto`, encodes a corpus, ~1-1.6 s for Qwen2.5-Coder and SmolLM2, which a server would
+    otherwise add to every request's first token."""
 
-    def __init__(self, target, draft, method: str, sampler, reason: str):
+    vmap: VocabMap
+    method: str  # intersection | text
+    coverage: float | None  # the share of the target's corpus tokens the draft reaches (auto judged by it)
+
+
+def choose_map(target, draft, method: str, reason: str) -> ChosenMap:
+    """The map for `draft.vocab_map=method` (auto | intersection | text); SpecpipeError (one line) for a pair
+    that cannot be mapped. `reason`: how the tokenizers differ (same_vocabulary's words), for a refusal."""
+    vmap = VocabMap(target, draft)
+    check_round_trip(target.tokenizer, vmap.target_bytes, target.info.name)
+    check_round_trip(draft.tokenizer, vmap.draft_bytes, draft.info.name)
+    chosen, coverage = choose(method, vmap, target.tokenizer)
+    if chosen == "intersection" and vmap.shared == 0:
+        raise SpecpipeError(
+            f"draft.vocab_map=intersection: {draft.info.name} and {target.info.name} share no token ({reason}): "
+            "use draft.vocab_map=text, or a draft model of the target's family"
+        )
+    return ChosenMap(vmap, chosen, coverage)
+
+
+class CrossVocab:
+    """The draft side of a draft model whose tokenizer is not the target's (used by drafters/model.py): one
+    per drafter, since it follows that drafter's context; the map itself is shared (ChosenMap)."""
+
+    def __init__(self, target, draft, chosen: ChosenMap, sampler):
         """
         Args:
             target, draft: the two Engines.
-            method: draft.vocab_map (auto | intersection | text).
+            chosen: the pair's map and method (`choose_map`).
             sampler: the run's sampler (intersection drafts from it; text drafts greedily).
-            reason: how the tokenizers differ (same_vocabulary's words), for a refusal.
         """
-        self.vmap = VocabMap(target, draft)
-        check_round_trip(target.tokenizer, self.vmap.target_bytes, target.info.name)
-        check_round_trip(draft.tokenizer, self.vmap.draft_bytes, draft.info.name)
-        self.method, self.coverage = choose(method, self.vmap, target.tokenizer)
-        if self.method == "intersection" and self.vmap.shared == 0:
-            raise SpecpipeError(
-                f"draft.vocab_map=intersection: {draft.info.name} and {target.info.name} share no token ({reason}): "
-                "use draft.vocab_map=text, or a draft model of the target's family"
-            )
+        self.vmap, self.method, self.coverage = chosen
         self.sampler = sampler if self.method == "intersection" else None  # text: greedy, a point-mass draft
         self._t_tok, self._d_tok = target.tokenizer, draft.tokenizer
         # a byte the draft's vocabulary has no token for (SmolLM2 has none for 21 bytes UTF-8 text never

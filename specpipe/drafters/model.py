@@ -44,7 +44,7 @@ from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import ChainStop, chain, to_draft
-from specpipe.drafters.cross_vocab import CrossVocab
+from specpipe.drafters.cross_vocab import CrossVocab, choose_map
 from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
@@ -123,7 +123,13 @@ class ModelDrafter(DrafterBase):
             self.engine = load(name=None if path else model, path=path, precision=quant)
             diff = _once(self.engine, target, "same_vocabulary", lambda: same_vocabulary(target, self.engine))
             if diff is not None:  # different tokenizers (or logit widths): draft through a token map
-                self._cross = CrossVocab(target, self.engine, vocab_map, sampler, diff)
+                chosen = _once(
+                    self.engine,
+                    target,
+                    ("vocab_map", vocab_map),
+                    lambda: choose_map(target, self.engine, vocab_map, diff),
+                )
+                self._cross = CrossVocab(target, self.engine, chosen, sampler)
         # a cut head (draft.vocab) ranks the draft's own ids; a mapped draft keeps its whole head
         self._vocab = self._shared_vocab(vocab, target) if self._cross is None else None
         # its prefill runs a model: the first token must not wait for it. Not draft.model=self, the self-test
