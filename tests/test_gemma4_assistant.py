@@ -130,3 +130,43 @@ def test_an_assistant_of_another_size_is_refused(tmp_path):
     cfg = config()  # backbone 64
     with pytest.raises(SpecpipeError, match="hidden size 64 .* the target has 48"):
         Gemma4AssistantDrafter(target, str(write(tmp_path / "a", cfg, random_weights(cfg))))
+
+
+# ---------------------------------------------------------------- config and command line
+
+
+def test_draft_gemma4_assistant_composes_and_builds(tmp_path, setup):
+    from hydra import compose, initialize
+
+    import specpipe.config  # noqa: F401  (registers the schemas)
+    from specpipe.plugins import build_plugin
+
+    target, prompt, baseline = setup
+    folder = aimed(tmp_path, baseline, 2)
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        cfg = compose(config_name="config", overrides=["draft=gemma4_assistant", f"draft.path={folder}"])
+    drafter = build_plugin(cfg.draft, "draft", target=target, load=None)
+    assert isinstance(drafter, Gemma4AssistantDrafter) and drafter.name == "gemma4_assistant"
+
+
+def cli(args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "specpipe.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+TINY_RUN = ["model=tiny-random", "model.arch=gemma4_text", "+model.tiny.num_hidden_layers=4", "max_tokens=16",
+            "prompt.text=the cat sat on the mat, the cat sat on the", "budget.k=3"]  # fmt: skip
+
+
+def test_the_command_runs_and_a_missing_folder_is_one_line(tmp_path, setup):
+    folder = aimed(tmp_path, setup[2], 2)
+    ok = cli([*TINY_RUN, "draft=gemma4_assistant", f"draft.path={folder}"], tmp_path)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    bad = cli([*TINY_RUN, "draft=gemma4_assistant", f"draft.path={tmp_path / 'nowhere'}"], tmp_path)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    lines = [line for line in bad.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "not a folder" in lines[0], bad.stderr

@@ -88,5 +88,6 @@ def _rows(entry, length: int, kind: str) -> KvRows:
     if type(entry) is KVCache:
         return KvRows(entry.keys[..., :length, :], entry.values[..., :length, :], 0, None)
     raise SpecpipeError(
-        f"the target's {kind} cache is a {type(entry).__name__}, which this drafter cannot read: use kv=full"
+        f"the target's {kind} cache is a {type(entry).__name__}, which this drafter cannot read (a batched or "
+        "quantized cache): run one request at a time with kv=full"
     )
