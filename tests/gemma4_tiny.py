@@ -34,6 +34,12 @@ def text_config(vocab: int = 259, **over) -> dict:
         sliding_window=64,
         layer_types=["sliding_attention", "full_attention"],
         max_position_embeddings=4096,
+        # the target's (mlx-lm's gemma4_text defaults); written out as published configs do, since mlx-vlm's
+        # TextConfig defaults differ (full attention: partial_rotary_factor 1.0)
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
+        },
         **over,
     )
 
