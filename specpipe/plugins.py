@@ -142,8 +142,7 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
 
-    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, ChainDrafter)  # noqa: E501  # fmt: skip
-    _DRAFTERS_GEMMA4: tuple[type[Drafter], ...] = (Gemma4AssistantDrafter,)
+    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, ChainDrafter, Gemma4AssistantDrafter)  # noqa: E501  # fmt: skip
     _BUDGETS: tuple[type[Budget], ...] = (FixedBudget, AdaptiveBudget, ConfidenceBudget, AutoBudget)
     _ROLLBACKS: tuple[type[Rollback], ...] = (TrimRollback, CheckpointRollback, RecomputeRollback, AutoRollback)
     _COMPARATORS: tuple[type[Comparator], ...] = (GreedyComparator, RejectionComparator, MatchComparator)

@@ -54,9 +54,10 @@ def config(vocab: int = 259, centroids: int | None = None, tied: bool = True) ->
 
 def random_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Every tensor the assistant of `cfg` has, by its published name, seeded."""
+    from mlx.utils import tree_flatten
+
     from specpipe.drafters.gemma4_assistant.layout import _config
     from specpipe.drafters.gemma4_assistant.model import Gemma4Assistant
-    from mlx.utils import tree_flatten
 
     model = Gemma4Assistant(_config(Path("."), cfg))
     rng = np.random.default_rng(seed)

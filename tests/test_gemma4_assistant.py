@@ -170,3 +170,18 @@ def test_the_command_runs_and_a_missing_folder_is_one_line(tmp_path, setup):
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     lines = [line for line in bad.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "not a folder" in lines[0], bad.stderr
+
+
+def test_batched_decoding_stops_in_one_line_rather_than_read_a_wrong_cache(tmp_path):
+    """A batch's verify forwards run on a batch cache the assistant cannot read: it says so, in one line."""
+    from test_batch_drafters import _batched, _cfg
+
+    from specpipe.session import Session
+
+    cfg = config()
+    folder = write(tmp_path / "a", cfg, random_weights(cfg))
+    arch = ["model=tiny-random", "model.arch=gemma4_text", "+model.tiny.num_hidden_layers=4"]
+    session = Session(_cfg([*arch, "draft=gemma4_assistant", f"draft.path={folder}"]))
+    with pytest.raises(SpecpipeError, match="batched decoding does not lend it") as err:
+        _batched(session, [0, 0, 0, 0])
+    assert "\n" not in str(err.value)

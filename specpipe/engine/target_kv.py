@@ -78,7 +78,7 @@ def _rows(entry, length: int, kind: str) -> KvRows:
     if entry.offset < length:
         raise SpecpipeError(
             f"the target's {kind} cache holds {entry.offset} positions, the context needs {length}: "
-            "it was not recorded by this request's forwards"
+            "this request's forwards did not record it (batched decoding does not lend it: one request at a time)"
         )
     if isinstance(entry, WindowKVCache):
         first = max(entry.start, length - entry.window)

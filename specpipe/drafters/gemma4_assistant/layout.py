@@ -35,7 +35,9 @@ def load_assistant(path: str) -> tuple[Gemma4Assistant, AssistantSource]:
     folder = _folder(path)
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
-        raise SpecpipeError(f"{folder}: no config.json; expected a Gemma-4 assistant folder (config.json + *.safetensors)")
+        raise SpecpipeError(
+            f"{folder}: no config.json; expected a Gemma-4 assistant folder (config.json + *.safetensors)"
+        )
     raw = json.loads(cfg_file.read_text())
     model_type = raw.get("model_type")
     if model_type not in MODEL_TYPES:
@@ -103,9 +105,10 @@ def _check_names(folder: Path, model: Gemma4Assistant, weights: dict[str, mx.arr
     extra = sorted(set(weights) - set(want))
     if missing or extra:
         found = f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(extra[:3])}"
+        centroids = ", masked_embedding.*" if "masked_embedding" in model else ""
         raise SpecpipeError(
             f"{folder}: {found}{' ...' if len(missing or extra) > 3 else ''}; expected the gemma4_assistant "
-            f"tensors (model.layers.*, pre_projection, post_projection{', masked_embedding.*' if 'masked_embedding' in model else ''})"
+            f"tensors (model.layers.*, pre_projection, post_projection{centroids})"
         )
     for k, shape in want.items():
         if tuple(weights[k].shape) != tuple(shape):
