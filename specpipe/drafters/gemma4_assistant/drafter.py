@@ -44,9 +44,10 @@ class Gemma4AssistantDrafter(DrafterBase):
         if not path:
             raise SpecpipeError("draft=gemma4_assistant needs the assistant's folder: draft.path=/path/to/assistant")
         if introspect.cache_layer_types(target.model) is None:
+            arch = type(target.model).__module__.rsplit(".", 1)[-1]
             raise SpecpipeError(
-                f"draft=gemma4_assistant drafts for gemma4 / gemma4_text targets; {target.info.name} "
-                f"({type(target.model).__module__.rsplit('.', 1)[-1]}) has no per-layer attention kinds to share"
+                f"draft=gemma4_assistant drafts for gemma4 / gemma4_text targets (it attends to their own K/V); "
+                f"{target.info.name} is {arch}: use draft=ngram or draft=model"
             )
         self.target, self.sampler, self.p_min = target, sampler, p_min
         inner, _ = target.hidden_parts()  # the normed final hidden state, captured exactly (soft-capped head)
