@@ -345,6 +345,11 @@ class Eagle3DraftConfig(PluginConfig):
 
 
 @dataclass
+class Gemma4AssistantDraftConfig(PluginConfig):
+    path: str | None = MISSING  # the assistant's checkpoint folder (config.json + *.safetensors); required
+
+
+@dataclass
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -375,6 +380,7 @@ def register_drafters_extra() -> None:
     cs.store(group="schema/draft", name="layerskip", node=LayerSkipDraftConfig)
     cs.store(group="schema/draft", name="mtp", node=MtpDraftConfig)
     cs.store(group="schema/draft", name="eagle3", node=Eagle3DraftConfig)
+    cs.store(group="schema/draft", name="gemma4_assistant", node=Gemma4AssistantDraftConfig)
     cs.store(name="train_drafter_schema", node=TrainDrafterConfig)
 
 

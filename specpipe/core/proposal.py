@@ -127,7 +127,12 @@ def propose_chain(row: Row, plan: StepPlan, clock, first_plain: bool) -> Generat
     # nothing asked for, no capture: the plain forward (draft=none, trim)
     want = row.draft_capture
     capture = (
-        Capture(hidden=want.hidden if want else False, states=states, layers=want.layers if want else ())
+        Capture(
+            hidden=want.hidden if want else False,
+            states=states,
+            layers=want.layers if want else (),
+            kv=want.kv if want else None,
+        )
         if states is not None or want is not None
         else None
     )

@@ -23,6 +23,7 @@ from specpipe.engine.info import ModelInfo
 from specpipe.engine.kv import model_cache
 from specpipe.engine.positions import placed
 from specpipe.engine.recurrent import StateCapture, StepwiseMixer, stepwise
+from specpipe.engine.target_kv import TargetKv
 
 PREFILL_CHUNK = 512  # prompt positions per prefill forward; prefill.chunk sets an engine's own
 
@@ -37,11 +38,14 @@ class Capture:
         (recurrent.StateCapture, opened by a rollback strategy).
     layers: decoder-layer taps: the hidden states entering these layers
         (engine/layer_taps.py; N = the last layer's output), for EAGLE-3 heads.
+    kv: a TargetKv (engine/target_kv.py) pointed at the cache each recording forward runs on, for drafters
+        that attend to the target's own K/V (Gemma-4 assistants).
     """
 
     hidden: bool = False
     states: StateCapture | None = None
     layers: tuple[int, ...] = ()
+    kv: TargetKv | None = None
 
 
 HIDDEN = Capture(hidden=True)
@@ -128,6 +132,8 @@ class Engine:
             token_ids = mx.array(token_ids, dtype=mx.uint32)
         batched = token_ids.ndim == 2
         ids = token_ids if batched else token_ids[None]
+        if capture is not None and capture.kv is not None:
+            capture.kv.attach(self.model, cache, batched and ids.shape[0] > 1)
         if positions is not None or mask is not None:
             if self._ropes is None:
                 self._ropes = introspect.rope_owners(self.model)
@@ -189,6 +195,8 @@ class Engine:
         for start in range(0, len(token_ids), self.prefill_chunk):
             chunk = mx.array(token_ids[start : start + self.prefill_chunk], dtype=mx.uint32)
             layers = capture.layers if capture is not None else ()
+            if capture is not None and capture.kv is not None:
+                capture.kv.attach(self.model, cache, False)
             parts = self.hidden_parts() if capture is not None and capture.hidden else None
             with layer_taps.tapping(self.model, layers) if layers else contextlib.nullcontext() as taps:
                 if parts is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
 
 from specpipe.errors import SpecpipeError
@@ -66,7 +67,29 @@ def llama_parts(model: nn.Module, drafter: str) -> tuple[Any, Any]:
         )
     assert inner is not None  # `missing` names it otherwise
     head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
-    return inner, head
+    cap = getattr(model, "final_logit_softcapping", None)  # Gemma-2 / Gemma-4 squash their logits
+    return inner, (_softcapped(head, cap) if cap else head)
+
+
+def _softcapped(head, cap: float):
+    """`head` followed by the model's logit soft-capping, the same two ops its own forward runs (bit-equal)."""
+
+    def capped(hidden):
+        return mx.tanh(head(hidden) / cap) * cap
+
+    return capped
+
+
+def cache_layer_types(model: nn.Module) -> list[str] | None:
+    """The attention kind ("full_attention" / "sliding_attention") of each cache entry of a model that
+    names them per layer (mlx-lm's gemma4 / gemma4_text: `args.layer_types`), else None."""
+    model = model.language_model if "language_model" in model else model
+    if type(model).__module__ not in KV_SHARING:
+        return None  # others may name layer kinds too (llama's sliding layers), but share no K/V a drafter reads
+    return list(model.args.layer_types)
+
+
+KV_SHARING = ("mlx_lm.models.gemma4_text",)  # also mlx_lm's gemma4, whose language_model is this one
 
 
 def decoder_layers(model: nn.Module, drafter: str) -> list[nn.Module]:

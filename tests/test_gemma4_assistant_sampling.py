@@ -1,0 +1,75 @@
+"""Seeded sampling through draft=gemma4_assistant keeps the target's distribution: a chi-square test on the
+first two tokens of N_RUNS runs against the exact joint, and the same test catches a broken variant (tokens
+drawn from the assistant's q, but another q handed to the comparator). Deselected by default (-m statistical)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from gemma4_tiny import config, random_weights, write
+from test_gemma4_assistant import tiny_gemma4
+from test_sampling import N_RUNS, VOCAB, chi_square_rejects, exact_joint
+
+from specpipe.budgets.fixed import FixedBudget
+from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.sampling import Sampler
+from specpipe.core.stages.bonus import SampledBonus
+from specpipe.core.stages.compare import RejectionComparator
+from specpipe.drafters.gemma4_assistant import drafter as assistant_drafter
+from specpipe.drafters.gemma4_assistant.drafter import Gemma4AssistantDrafter
+from specpipe.rollbacks.trim import TrimRollback
+
+SAMPLING = {"temperature": 1.0}
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A tiny gemma4_text target of VOCAB ids and a random assistant of the same vocabulary."""
+    target = tiny_gemma4(vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB)
+    cfg = config(vocab=VOCAB)
+    weights = random_weights(cfg, seed=4)
+    weights["model.embed_tokens.weight"] *= 3.0  # a confident assistant: its q far from uniform
+    return target, str(write(tmp_path_factory.mktemp("assistant") / "a", cfg, weights))
+
+
+def sampled_pairs(target, folder, sampler, prompt) -> Counter:
+    drafter = Gemma4AssistantDrafter(target, folder, sampler=sampler)
+    pipe = SpeculativePipeline(
+        target, drafter, FixedBudget(k=2), RejectionComparator(sampler=sampler), TrimRollback(),
+        SampledBonus(sampler=sampler),
+    )  # fmt: skip
+    counts = Counter()
+    for seed in range(N_RUNS):
+        sampler.seed = seed
+        sampler.reset()
+        final = list(pipe.run(prompt, 3, stop_ids=set()))[-1]
+        counts[tuple(final.token_ids[:2])] += 1
+    return counts
+
+
+def q_is_not_the_one_drawn_from(monkeypatch):
+    """The broken variant: tokens drawn from q, the comparator told half of q and half uniform."""
+    real = assistant_drafter.to_draft
+
+    def leaky(tokens, q_rows, **kw):
+        return real(tokens, [0.5 * q + 0.5 / q.shape[-1] for q in q_rows], **kw)
+
+    monkeypatch.setattr(assistant_drafter, "to_draft", leaky)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("broken", [False, True])
+def test_sampled_assistant_matches_the_targets_distribution(small_vocab, monkeypatch, broken):
+    target, folder = small_vocab
+    sampler = Sampler(**SAMPLING)
+    prompt = [1, 2, 3, 1, 2]
+    joint = exact_joint(target, sampler, prompt)
+    if broken:
+        q_is_not_the_one_drawn_from(monkeypatch)
+    counts = sampled_pairs(target, folder, sampler, prompt)
+    rejects, stat, critical = chi_square_rejects(counts, joint)
+    if broken:
+        assert rejects, f"chi-square {stat:.1f} <= {critical:.1f}: the wrong q went unnoticed"
+    else:
+        assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}: output is not the target's distribution"
