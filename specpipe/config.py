@@ -345,6 +345,11 @@ class Eagle3DraftConfig(PluginConfig):
 
 
 @dataclass
+class DFlashDraftConfig(PluginConfig):
+    path: str | None = MISSING  # the DFlash drafter's folder (or a Hugging Face id in the local cache); required
+
+
+@dataclass
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -375,6 +380,7 @@ def register_drafters_extra() -> None:
     cs.store(group="schema/draft", name="layerskip", node=LayerSkipDraftConfig)
     cs.store(group="schema/draft", name="mtp", node=MtpDraftConfig)
     cs.store(group="schema/draft", name="eagle3", node=Eagle3DraftConfig)
+    cs.store(group="schema/draft", name="dflash", node=DFlashDraftConfig)
     cs.store(name="train_drafter_schema", node=TrainDrafterConfig)
 
 
