@@ -86,6 +86,6 @@ def write(folder: Path, cfg: dict, weights: dict[str, np.ndarray]) -> Path:
     return folder
 
 
-def write_drafter(folder: Path, num_target_layers: int, seed: int = 0, **overrides) -> Path:
+def write_drafter(folder: Path, num_target_layers: int, seed: int = 0, scale: float = 0.08, **overrides) -> Path:
     cfg = config(num_target_layers, **overrides)
-    return write(folder, cfg, random_weights(cfg, seed=seed))
+    return write(folder, cfg, random_weights(cfg, seed=seed, scale=scale))
