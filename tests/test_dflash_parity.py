@@ -22,7 +22,7 @@ from specpipe.engine.load.loader import load_engine
 pytestmark = pytest.mark.parity
 
 LAYERS = 6
-ATOL = 1e-4  # float32 throughout; measured max abs diff ~1e-6 (docs/drafters.md)
+ATOL = 1e-4  # float32 throughout; measured max abs diff up to 9.5e-6 (docs/drafters.md)
 
 
 def tiny_target(arch: str):
@@ -110,4 +110,6 @@ def test_specpipe_taps_are_the_layer_outputs_z_lab_hooks(tmp_path, monkeypatch):
     _, want = reference_dflash_blocks(folder, "llama", monkeypatch)
     _, drafter = specpipe_blocks(folder, "llama")
     got = drafter.tape.rows(0, want.shape[1])
-    assert mx.abs(got - want[0]).max().item() < 1e-5
+    diff = mx.abs(got - want[0]).max().item()
+    print(f"taps: max abs diff {diff:.2e}")
+    assert diff < 1e-5
