@@ -347,6 +347,7 @@ class Eagle3DraftConfig(PluginConfig):
 @dataclass
 class DFlashDraftConfig(PluginConfig):
     path: str | None = MISSING  # the DFlash drafter's folder (or a Hugging Face id in the local cache); required
+    proposal: str = MISSING  # under sampling: sample (each position from its q) | argmax (each position's best)
 
 
 @dataclass

@@ -188,8 +188,8 @@ def test_the_packaged_config_builds_it(tmp_path):
     target = tiny_target("llama")
     folder = write_drafter(tmp_path / "d", LAYERS)
     with initialize(version_base=None, config_path="../specpipe/conf"):
-        cfg = compose(config_name="config", overrides=["draft=dflash", f"draft.path={folder}"])
+        cfg = compose(config_name="config", overrides=["draft=dflash", f"draft.path={folder}", "draft.proposal=argmax"])
     drafter = build_plugin(cfg.draft, "draft", target=target, load=None)
-    assert isinstance(drafter, DFlashDrafter) and drafter.layers == (2, 4)
+    assert isinstance(drafter, DFlashDrafter) and drafter.layers == (2, 4) and drafter.proposal == "argmax"
     prompt = target.encode_prompt("the cat", chat=False)
     assert len(drafter.propose(prompt, StepPlan(k=3)).token_ids) == 3

@@ -1,7 +1,8 @@
 """draft=dflash under sampling: each position's token drawn from that position's own q, and that q handed to
 the comparator, keeps the target's distribution exact (chi-square over seeded runs, `-m statistical`), for
 chains and trees; a broken variant that hands the comparator a q other than the one drafted from is caught
-by the same test. The fast tests check the q rows themselves."""
+by the same test. `proposal=argmax` (each position's argmax, no q: the comparator's one-hot) is exact too.
+The fast tests check the q rows themselves."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from specpipe.core.stages.compare import RejectionComparator
 from specpipe.drafters.dflash import drafter as dflash_drafter
 from specpipe.drafters.dflash.drafter import DFlashDrafter
 from specpipe.engine.load.loader import load_engine
+from specpipe.errors import SpecpipeError
 from specpipe.rollbacks.trim import TrimRollback
 from specpipe.trees.proposal import tree_parts
 from specpipe.trees.shape import TreeShape
@@ -57,9 +59,20 @@ def test_each_drafted_token_comes_with_its_positions_q(small_vocab):
     assert ((q > 0).sum(-1) == 6).all()  # top_k=6: two ids of each row are never drafted
 
 
-def sampled_pairs(target, folder, sampler, prompt, shape=None) -> Counter:
+def test_an_argmax_proposal_drafts_each_positions_best_with_no_q(small_vocab):
+    target, folder = small_vocab
+    drafter = DFlashDrafter(target, folder, sampler=Sampler(**SAMPLING, seed=0), proposal="argmax")
+    prompt = [1, 2, 3, 1, 2]
+    draft = drafter.propose(prompt, StepPlan(k=3))
+    assert draft.probs is None  # the comparator reads one-hot rows: exact (the statistical test below)
+    assert draft.token_ids == mx.argmax(drafter.block_logits(prompt)[:3], axis=-1).tolist()
+    with pytest.raises(SpecpipeError, match="draft.proposal=best: expected one of sample, argmax"):
+        DFlashDrafter(target, folder, proposal="best")
+
+
+def sampled_pairs(target, folder, sampler, prompt, shape=None, proposal="sample") -> Counter:
     """The first two tokens of N_RUNS seeded runs drafted by the head (chains of 2, or trees of `shape`)."""
-    drafter = DFlashDrafter(target, folder, sampler=sampler)
+    drafter = DFlashDrafter(target, folder, sampler=sampler, proposal=proposal)
     tree = tree_parts(target, drafter, shape, sampler) if shape is not None else None
     pipe = SpeculativePipeline(
         target, drafter, FixedBudget(k=2), RejectionComparator(sampler=sampler), TrimRollback(),
@@ -88,8 +101,17 @@ def q_is_not_the_one_drafted_from(monkeypatch):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize(("shape", "broken"), [("chain", False), ("chain", True), ("dynamic", False)])
-def test_sampled_dflash_matches_the_targets_distribution(small_vocab, monkeypatch, shape, broken):
+@pytest.mark.parametrize(
+    ("shape", "broken", "proposal"),
+    [
+        ("chain", False, "sample"),
+        ("chain", True, "sample"),
+        ("dynamic", False, "sample"),
+        ("chain", False, "argmax"),
+        ("dynamic", False, "argmax"),
+    ],
+)
+def test_sampled_dflash_matches_the_targets_distribution(small_vocab, monkeypatch, shape, broken, proposal):
     target, folder = small_vocab
     sampler = Sampler(**SAMPLING)
     prompt = [1, 2, 3, 1, 2]
@@ -97,7 +119,7 @@ def test_sampled_dflash_matches_the_targets_distribution(small_vocab, monkeypatc
     if broken:
         q_is_not_the_one_drafted_from(monkeypatch)
     shapes = {"dynamic": TreeShape(kind="dynamic", nodes=6, depth=2, branching=[3, 2])}
-    counts = sampled_pairs(target, folder, sampler, prompt, shapes.get(shape))
+    counts = sampled_pairs(target, folder, sampler, prompt, shapes.get(shape), proposal)
     rejects, stat, critical = chi_square_rejects(counts, joint)
     if broken:
         assert rejects, f"chi-square {stat:.1f} <= {critical:.1f}: the wrong q went unnoticed"
