@@ -73,7 +73,8 @@ class DFlashDrafter(DrafterBase):
             raise SpecpipeError("draft=dflash needs the drafter's folder: draft.path=/path/to/dflash-drafter")
         self.target, self.sampler, self.p_min, self.proposal = target, sampler, p_min, proposal
         self.inner, self.lm_head = introspect.llama_parts(target.model, "dflash")
-        self.head, self.source = load_head(path)
+        # in the target's own float type (its final norm's: never quantized), as the reference loads it beside it
+        self.head, self.source = load_head(path, dtype=self.inner.norm.weight.dtype)
         cfg, n_layers = self.head.cfg, len(self.inner.layers)
         width = self.inner.embed_tokens.weight.shape[1]
         if self.source.num_target_layers != n_layers or cfg.hidden_size != width:
