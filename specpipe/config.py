@@ -350,6 +350,12 @@ class Gemma4AssistantDraftConfig(PluginConfig):
 
 
 @dataclass
+class DFlashDraftConfig(PluginConfig):
+    path: str | None = MISSING  # the DFlash drafter's folder (or a Hugging Face id in the local cache); required
+    proposal: str = MISSING  # under sampling: sample (each position from its q) | argmax (each position's best)
+
+
+@dataclass
 class TrainDrafterConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -381,6 +387,7 @@ def register_drafters_extra() -> None:
     cs.store(group="schema/draft", name="mtp", node=MtpDraftConfig)
     cs.store(group="schema/draft", name="eagle3", node=Eagle3DraftConfig)
     cs.store(group="schema/draft", name="gemma4_assistant", node=Gemma4AssistantDraftConfig)
+    cs.store(group="schema/draft", name="dflash", node=DFlashDraftConfig)
     cs.store(name="train_drafter_schema", node=TrainDrafterConfig)
 
 

@@ -127,6 +127,7 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, KvPolicy, Rollback
     from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
     from specpipe.core.stages.compare import GreedyComparator, MatchComparator, RejectionComparator
+    from specpipe.drafters.dflash.drafter import DFlashDrafter
     from specpipe.drafters.eagle3.drafter import Eagle3Drafter
     from specpipe.drafters.gemma4_assistant.drafter import Gemma4AssistantDrafter
     from specpipe.drafters.layerskip import LayerSkipDrafter
@@ -142,7 +143,7 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
 
-    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, ChainDrafter, Gemma4AssistantDrafter)  # noqa: E501  # fmt: skip
+    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, DFlashDrafter, ChainDrafter, Gemma4AssistantDrafter)  # noqa: E501  # fmt: skip
     _BUDGETS: tuple[type[Budget], ...] = (FixedBudget, AdaptiveBudget, ConfidenceBudget, AutoBudget)
     _ROLLBACKS: tuple[type[Rollback], ...] = (TrimRollback, CheckpointRollback, RecomputeRollback, AutoRollback)
     _COMPARATORS: tuple[type[Comparator], ...] = (GreedyComparator, RejectionComparator, MatchComparator)

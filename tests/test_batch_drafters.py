@@ -64,7 +64,7 @@ def _alone(session: Session, seed: int, text: str, max_tokens: int) -> list[int]
 
 
 ARCHS = ["llama", "qwen3", "gemma3_text", "qwen3_next", "mamba2"]
-MATRIX_DRAFTS = ["none", "ngram", "model", "layerskip", "mtp", "eagle3", "lookahead", "chain"]
+MATRIX_DRAFTS = ["none", "ngram", "model", "layerskip", "mtp", "eagle3", "dflash", "lookahead", "chain"]
 RECURRENT = {"qwen3_next", "mamba2"}
 
 
@@ -72,7 +72,7 @@ def _refusal(arch: str, draft: str, tree: bool) -> str | None:
     """The start of the one line a combination the target cannot run is refused with, else None."""
     if draft == "lookahead" and not tree:
         return "draft=lookahead verifies its Jacobi window as a tree branch"
-    if draft in ("layerskip", "mtp", "eagle3") and arch == "mamba2":
+    if draft in ("layerskip", "mtp", "eagle3", "dflash") and arch == "mamba2":
         return f"draft={draft} needs an mlx-lm llama-like model"
     if draft == "layerskip" and arch == "qwen3_next":
         return "draft=layerskip: layer 0 of this model is not a full-attention block"
@@ -83,13 +83,16 @@ def _refusal(arch: str, draft: str, tree: bool) -> str | None:
 
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory) -> dict:
-    """Per arch: a random MTP head folder (exactness needs no training); one random EAGLE-3 head for all
-    (the tiny targets share hidden size 64 and vocab 259; its taps [0, 1, 2] fit their 2 layers)."""
+    """Per arch: a random MTP head folder (exactness needs no training); one random EAGLE-3 head and one random
+    DFlash drafter for all (the tiny targets share hidden size 64 and vocab 259; the taps fit their 2 layers)."""
     from eagle3_tiny import head_config, random_weights, write
 
     root = tmp_path_factory.mktemp("heads")
     cfg = head_config()
     out = {"eagle3": str(write(root / "eagle3", "eagle", cfg, random_weights(cfg, seed=1)))}
+    from dflash_tiny import write_drafter  # a DFlash drafter on both layers' outputs of the 2-layer targets
+
+    out["dflash"] = str(write_drafter(root / "dflash", 2, seed=1, target_layer_ids=[0, 1]))
     for arch in ARCHS:
         if arch == "mamba2":
             continue  # no llama-like layers: draft=mtp is refused there
@@ -116,6 +119,8 @@ def _draft_overrides(arch: str, draft: str, heads: dict) -> list[str]:
         return ["draft=mtp", f"draft.head={heads.get(arch, '')}"]
     if draft == "eagle3":
         return ["draft=eagle3", f"draft.path={heads['eagle3']}", "draft.layers=[0,1,2]"]
+    if draft == "dflash":
+        return ["draft=dflash", f"draft.path={heads['dflash']}"]
     if draft == "lookahead":
         return ["draft=lookahead"]
     if draft == "chain":  # a free source in front of a draft model: auto's lookup case, a chain of two
@@ -148,7 +153,7 @@ def test_every_drafter_batched_gives_each_request_its_answer_alone(arch, draft, 
     if not sampled:
         events: list = []
         assert _batched(session, [0, 0, 0, 0], events) == _plain(arch)
-        if tree and draft in ("model", "mtp", "eagle3", "lookahead"):
+        if tree and draft in ("model", "mtp", "eagle3", "dflash", "lookahead"):
             parents = [e.tree_parents for e in events if isinstance(e, Drafted) and e.tree_parents]
             assert any(p != list(range(-1, len(p) - 1)) for p in parents), "no tree branched"
         return

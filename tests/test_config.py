@@ -41,6 +41,8 @@ def test_every_drafter_builds_against_a_tiny_model(option):
         pytest.skip("needs a head folder (draft.path): built from one in test_eagle3_drafter.py")
     if option == "gemma4_assistant":
         pytest.skip("needs an assistant folder and a gemma4 target: built from them in test_gemma4_assistant.py")
+    if option == "dflash":
+        pytest.skip("needs a drafter folder (draft.path): built from one in test_dflash_drafter.py")
     extra = ["draft.depth=1"] if option == "layerskip" else []
     cfg = compose_with([f"draft={option}", *extra])
     target = tiny("llama")
