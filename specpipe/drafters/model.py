@@ -47,6 +47,7 @@ from specpipe.drafters.chain import ChainStop, chain, to_draft
 from specpipe.drafters.cross_vocab import CrossVocab, choose_map
 from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
+from specpipe.engine import introspect
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
 
@@ -169,6 +170,12 @@ class ModelDrafter(DrafterBase):
                 f"{setting}: {self.engine.info.name} is not a llama-like model whose logits are its LM head over "
                 "its hidden states, so its head cannot be cut; use draft.vocab=0"
             ) from None
+        if introspect.logit_softcap(self.engine.model):
+            # the cut head scores its rows with the bare LM head: a draft that squashes its logits (Gemma-2 / 4)
+            # would draft from a sharper q than its own, exact but accepting less
+            raise SpecpipeError(
+                f"{setting}: {self.engine.info.name} soft-caps its logits, which a cut head does not; use draft.vocab=0"
+            )
         head = head_module(self.engine.model, inner, setting)
         if vocab >= head.weight.shape[0]:
             return None

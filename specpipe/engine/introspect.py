@@ -67,8 +67,18 @@ def llama_parts(model: nn.Module, drafter: str) -> tuple[Any, Any]:
         )
     assert inner is not None  # `missing` names it otherwise
     head = model.lm_head if "lm_head" in model else inner.embed_tokens.as_linear
-    cap = getattr(model, "final_logit_softcapping", None)  # Gemma-2 / Gemma-4 squash their logits
+    cap = logit_softcap(model)
     return inner, (_softcapped(head, cap) if cap else head)
+
+
+def logit_softcap(model: nn.Module) -> float | None:
+    """The cap a model squashes its logits with (`tanh(x / cap) * cap`: Gemma-2 / Gemma-4), or None. mlx-lm keeps
+    it on the model (gemma2, gemma4_text) or in its args (gear, muse_glimmer)."""
+    model = model.language_model if "language_model" in model else model
+    cap = getattr(model, "final_logit_softcapping", None)
+    if cap is None:
+        cap = getattr(getattr(model, "args", None), "final_logit_softcapping", None)
+    return float(cap) if cap else None
 
 
 def _softcapped(head, cap: float):

@@ -31,7 +31,7 @@ from specpipe.drafters.eagle3.export import save_speculators
 from specpipe.drafters.eagle3.head import Eagle3Head, HeadConfig
 from specpipe.drafters.mtp_head import default_head_dir
 from specpipe.engine.engine import Capture
-from specpipe.engine.introspect import llama_parts
+from specpipe.engine.introspect import llama_parts, lm_head_weights
 from specpipe.engine.layer_taps import check_layers, default_layers
 from specpipe.errors import SpecpipeError
 from specpipe.train import drafter as common
@@ -147,7 +147,7 @@ def held_out_agreement(head, data: dict, rows: list[int], t2d_index: mx.array, s
 
 def train(cfg, target) -> Path:
     """Train per `cfg` (conf/train_drafter.yaml, kind=eagle3) against the loaded, frozen `target`."""
-    inner, lm_head = llama_parts(target.model, "eagle3")
+    inner, _ = llama_parts(target.model, "eagle3")
     n_layers = len(inner.layers)
     taps = tuple(cfg.layers) if cfg.layers else default_layers(n_layers)
     check_layers(taps, n_layers)
@@ -174,9 +174,8 @@ def train(cfg, target) -> Path:
     t2d_index = np.full(hcfg.vocab_size, -1, dtype=np.int32)
     t2d_index[ids] = np.arange(len(ids))
     t2d = mx.array(t2d_index)
-    lm_weight = getattr(lm_head, "weight", None)
-    if lm_weight is None:  # a tied LM head: the embedding's rows
-        lm_weight = inner.embed_tokens.weight
+    # the rows the LM head reads (lm_head, or the tied embedding's): `lm_head` may be a soft-capping function
+    lm_weight = lm_head_weights(target.model, inner).weight
     head = new_head(target, inner, lm_weight, hcfg, ids)
     opt, step = common.optimizer(cfg, head, state_dir)
     loss_and_grad = nn.value_and_grad(head, make_loss(cfg.unroll, t2d))

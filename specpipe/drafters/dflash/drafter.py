@@ -74,6 +74,10 @@ class DFlashDrafter(DrafterBase):
         self.inner, self.lm_head = introspect.llama_parts(target.model, "dflash")
         # in the target's own float type (its final norm's: never quantized), as the reference loads it beside it
         self.head, self.source = load_head(path, dtype=self.inner.norm.weight.dtype)
+        if self.head.cfg.final_logit_softcapping:
+            # the checkpoint names its own cap (head.py applies it): the target's bare head, not its capped one
+            bare = introspect.lm_head_weights(target.model, self.inner)
+            self.lm_head = bare.as_linear if bare is self.inner.embed_tokens else bare
         cfg, n_layers = self.head.cfg, len(self.inner.layers)
         width = self.inner.embed_tokens.weight.shape[1]
         if self.source.num_target_layers != n_layers or cfg.hidden_size != width:

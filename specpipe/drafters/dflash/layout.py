@@ -15,7 +15,6 @@ target's are used.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from mlx.utils import tree_flatten
 
 from specpipe.drafters.dflash.head import DFlashHead, HeadConfig
 from specpipe.drafters.eagle3.layouts import resolve
+from specpipe.drafters.json_file import read_json
 from specpipe.errors import SpecpipeError
 
 ARCHITECTURES = ("DFlashDraftModel",)
@@ -69,7 +69,7 @@ def read_config(folder: Path) -> tuple[HeadConfig, tuple[int, ...], int]:
     if not (folder / "config.json").exists():
         found = sorted(p.name for p in folder.iterdir())[:8]
         raise SpecpipeError(f"{folder}: found {found or 'nothing'}, expected {EXPECTED}")
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = read_json(folder / "config.json")
     arch = (cfg.get("architectures") or [None])[0]
     if arch not in ARCHITECTURES:
         raise SpecpipeError(
@@ -121,7 +121,7 @@ def read_config(folder: Path) -> tuple[HeadConfig, tuple[int, ...], int]:
 def _weights(folder: Path) -> tuple[dict[str, mx.array], tuple[str, ...]]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = tuple(sorted(set(json.loads(index.read_text())["weight_map"].values())))
+        shards = tuple(sorted(set(read_json(index)["weight_map"].values())))
     elif (folder / "model.safetensors").exists():
         shards = ("model.safetensors",)
     else:
@@ -147,6 +147,16 @@ def load_head(path: str | os.PathLike, dtype=mx.float32) -> tuple[DFlashHead, He
         raise SpecpipeError(
             f"{folder}: tensors missing {missing[:3]} and unexpected {extra[:3]}: expected {EXPECTED} "
             "(fc, hidden_norm, layers.*, norm; no embedding or LM head of its own)"
+        )
+    shapes = dict(tree_flatten(head.parameters()))
+    wrong = [
+        f"{k} {tuple(v.shape)} (config.json says {tuple(shapes[k].shape)})"
+        for k, v in tensors.items()
+        if v.shape != shapes[k].shape
+    ]
+    if wrong:
+        raise SpecpipeError(
+            f"{folder}: tensors disagree with its config.json: {', '.join(wrong[:3])}; use the folder as published"
         )
     head.load_weights([(k, v.astype(dtype)) for k, v in tensors.items()])
     mx.eval(head.parameters())

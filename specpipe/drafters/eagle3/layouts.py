@@ -21,7 +21,6 @@ Layouts (source files named in docs/drafters.md):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 
 from specpipe.drafters.eagle3.head import Eagle3Head, HeadConfig
 from specpipe.drafters.eagle3.torch_bin import read_bin
+from specpipe.drafters.json_file import read_json
 from specpipe.errors import SpecpipeError
 
 WEIGHT_FILES = (
@@ -94,7 +94,7 @@ def _weights(folder: Path) -> tuple[dict[str, mx.array], tuple[str, ...]]:
         raise SpecpipeError(f"{folder}: found {found or 'nothing'}, expected {EXPECTED}")
     first = present[0]
     if first.endswith(".index.json"):
-        shards = sorted(set(json.loads((folder / first).read_text())["weight_map"].values()))
+        shards = sorted(set(read_json(folder / first)["weight_map"].values()))
     else:
         shards = [first]
     tensors: dict[str, mx.array] = {}
@@ -199,7 +199,7 @@ def read_config(folder: Path) -> tuple[str, HeadConfig, tuple[int, ...] | None, 
     if not path.exists():
         found = sorted(p.name for p in folder.iterdir())[:8]
         raise SpecpipeError(f"{where}: found {found or 'nothing'} but no config.json, expected {EXPECTED}")
-    cfg = json.loads(path.read_text())
+    cfg = read_json(path)
     arch = (cfg.get("architectures") or [None])[0]
     if "speculators_model_type" in cfg or "speculators_config" in cfg or "transformer_layer_config" in cfg:
         layout, (parts, taps, verifier) = "speculators", _speculators(cfg, where)

@@ -10,7 +10,6 @@ Nothing read from the folder runs code: JSON and safetensors only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.gemma4_text import ModelArgs
 
 from specpipe.drafters.gemma4_assistant.model import AssistantConfig, Gemma4Assistant
+from specpipe.drafters.json_file import read_json
 from specpipe.errors import SpecpipeError
 
 MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")  # the unified one reuses the same drafter (mlx-vlm)
@@ -38,7 +38,7 @@ def load_assistant(path: str) -> tuple[Gemma4Assistant, AssistantSource]:
         raise SpecpipeError(
             f"{folder}: no config.json; expected a Gemma-4 assistant folder (config.json + *.safetensors)"
         )
-    raw = json.loads(cfg_file.read_text())
+    raw = read_json(cfg_file)
     model_type = raw.get("model_type")
     if model_type not in MODEL_TYPES:
         raise SpecpipeError(
