@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 
 # Load the optimised BLAS (if any) before mlx, as the CLI does.
 try:
@@ -175,3 +176,15 @@ def first_difference(target: Engine, prompt_ids: list[int], expected: list[int],
         f"first difference at position {i}: expected {expected[i : i + 3]}, got {got[i : i + 3]}"
         f"; top-2 margin {top[1] - top[0]:.3g}"
     )
+
+
+def first_pair_counts(pipe: SpeculativePipeline, prompt: list[int], sampler, runs: int) -> Counter:
+    """How often each pair of first two tokens came out of `runs` seeded runs (seeds 0..runs-1) of `pipe`: what
+    the statistical tests hold against the target's exact joint."""
+    counts: Counter = Counter()
+    for seed in range(runs):
+        sampler.seed = seed
+        sampler.reset()
+        final = list(pipe.run(prompt, 3, stop_ids=set()))[-1]
+        counts[tuple(final.token_ids[:2])] += 1
+    return counts

@@ -11,6 +11,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import first_pair_counts
 from dflash_tiny import write_drafter
 from test_sampling import N_RUNS, VOCAB, chi_square_rejects, exact_joint
 
@@ -78,13 +79,7 @@ def sampled_pairs(target, folder, sampler, prompt, shape=None, proposal="sample"
         target, drafter, FixedBudget(k=2), RejectionComparator(sampler=sampler), TrimRollback(),
         SampledBonus(sampler=sampler), tree=tree,
     )  # fmt: skip
-    counts = Counter()
-    for seed in range(N_RUNS):
-        sampler.seed = seed
-        sampler.reset()
-        final = list(pipe.run(prompt, 3, stop_ids=set()))[-1]
-        counts[tuple(final.token_ids[:2])] += 1
-    return counts
+    return first_pair_counts(pipe, prompt, sampler, N_RUNS)
 
 
 def q_is_not_the_one_drafted_from(monkeypatch):

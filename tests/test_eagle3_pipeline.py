@@ -10,7 +10,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import ROLLBACKS, generate, make_drafter
+from conftest import ROLLBACKS, first_pair_counts, generate, make_drafter
 from eagle3_tiny import head_config, random_weights, write
 from test_sampling import N_RUNS, VOCAB, chi_square_rejects, exact_joint
 
@@ -162,13 +162,7 @@ def sampled_pairs(target, folder, sampler, prompt, shape=None) -> Counter:
         SampledBonus(sampler=sampler),
         tree=tree,
     )
-    counts = Counter()
-    for seed in range(N_RUNS):
-        sampler.seed = seed
-        sampler.reset()
-        final = list(pipe.run(prompt, 3, stop_ids=set()))[-1]
-        counts[tuple(final.token_ids[:2])] += 1
-    return counts
+    return first_pair_counts(pipe, prompt, sampler, N_RUNS)
 
 
 def q_leaks_outside_the_draft_vocabulary(monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from conftest import first_pair_counts
 from gemma4_tiny import config, random_weights, write
 from test_gemma4_assistant import tiny_gemma4
 from test_sampling import N_RUNS, VOCAB, chi_square_rejects, exact_joint
@@ -39,13 +40,7 @@ def sampled_pairs(target, folder, sampler, prompt) -> Counter:
         target, drafter, FixedBudget(k=2), RejectionComparator(sampler=sampler), TrimRollback(),
         SampledBonus(sampler=sampler),
     )  # fmt: skip
-    counts = Counter()
-    for seed in range(N_RUNS):
-        sampler.seed = seed
-        sampler.reset()
-        final = list(pipe.run(prompt, 3, stop_ids=set()))[-1]
-        counts[tuple(final.token_ids[:2])] += 1
-    return counts
+    return first_pair_counts(pipe, prompt, sampler, N_RUNS)
 
 
 def q_is_not_the_one_drawn_from(monkeypatch):
