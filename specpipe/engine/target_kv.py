@@ -25,13 +25,11 @@ class KvRows:
 
     keys, values: [1, kv_heads, n, head_dim] (after the target's k_norm / RoPE, as its attention reads them).
     first: the absolute position of row 0 (> 0 for a sliding-window layer past its window).
-    window: the layer's window (None: full attention).
     """
 
     keys: mx.array
     values: mx.array
     first: int
-    window: int | None
 
 
 class TargetKv:
@@ -84,9 +82,9 @@ def _rows(entry, length: int, kind: str) -> KvRows:
         first = max(entry.start, length - entry.window)
         keys, values = entry.keys_and_values()
         lo, hi = first - entry.start, length - entry.start
-        return KvRows(keys[..., lo:hi, :], values[..., lo:hi, :], first, entry.window)
+        return KvRows(keys[..., lo:hi, :], values[..., lo:hi, :], first)
     if type(entry) is KVCache:
-        return KvRows(entry.keys[..., :length, :], entry.values[..., :length, :], 0, None)
+        return KvRows(entry.keys[..., :length, :], entry.values[..., :length, :], 0)
     raise SpecpipeError(
         f"the target's {kind} cache is a {type(entry).__name__}, which this drafter cannot read (a batched or "
         "quantized cache): run one request at a time with kv=full"
