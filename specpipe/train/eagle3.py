@@ -7,9 +7,8 @@ the taps, one EAGLE-3 decoder layer, norm, an LM head over the `draft_vocab` ids
 often in that data: d2t / t2d) learns to predict the target's greedy token. The training-time test of
 EAGLE-3: step 1 pairs (taps[i-1], t[i]) -> label[i]; each of `unroll - 1` more steps feeds the
 previous step's own outputs back in place of the taps (x[i-1], t[i]) -> label[i], as drafting chains
-do, weighted 0.8^(step-1) as in EAGLE-3. Each step runs as a causal pass over the whole sequence of
-the previous step's outputs (EAGLE-3's own test-time training attends to the first step's keys for
-earlier positions instead: a simplification, said in docs/drafters.md). Same seed, same data order,
+do, weighted 0.8^(step-1) as in EAGLE-3, and attends to what the head's cache holds when drafting (step 1's
+keys for the context, one key per earlier chained step: train/eagle3_ttt.py). Same seed, same data order,
 same head; `resume=true` continues from out/train_state.
 
     specpipe-train-drafter kind=eagle3 model=smollm2-135m steps=600 out=/tmp/eagle3-head
@@ -35,6 +34,7 @@ from specpipe.engine.introspect import llama_parts, lm_head_weights
 from specpipe.engine.layer_taps import check_layers, default_layers
 from specpipe.errors import SpecpipeError
 from specpipe.train import drafter as common
+from specpipe.train.eagle3_ttt import ttt_steps
 
 STEP_DECAY = 0.8  # EAGLE-3's weight of chained step j: 0.8 ** (j - 1)
 
@@ -112,15 +112,12 @@ def new_head(target, inner, lm_head_weight: mx.array, cfg: HeadConfig, ids: np.n
 
 
 def make_loss(unroll: int, t2d_index: mx.array):
-    """Cross-entropy over the draft vocabulary of each chained step; labels outside it are left out."""
+    """Cross-entropy over the draft vocabulary of each chained step (train/eagle3_ttt.py); labels outside it
+    are left out."""
 
     def loss_fn(head, tokens, taps, labels):
-        x = head.fuse(taps[:, :-1])
         total = 0.0
-        for j in range(1, unroll + 1):
-            if j > 1:
-                x = x[:, :-1]  # the previous step's output at position i-1 stands in for taps[i-1]
-            logits, x = head.forward(tokens[:, j:], x)
+        for j, (logits, _) in enumerate(ttt_steps(head, tokens, taps, unroll), start=1):
             want = t2d_index[labels[:, j:]]  # -1: the target's token is outside the draft vocabulary
             inside = want >= 0
             ce = nn.losses.cross_entropy(logits.astype(mx.float32), mx.maximum(want, 0), reduction="none")
@@ -130,19 +127,17 @@ def make_loss(unroll: int, t2d_index: mx.array):
     return loss_fn
 
 
-def held_out_agreement(head, data: dict, rows: list[int], t2d_index: mx.array, steps: int = 2) -> list[float]:
-    """Top-1 agreement of chained steps 1..steps with the target's greedy token on sequences never trained on."""
+def held_out_agreement(head, data: dict, rows: list[int], t2d_index: mx.array, steps: int = 3) -> list[float]:
+    """Top-1 agreement of chained steps 1..steps with the target's greedy token on sequences never trained on,
+    each step fed the true tokens before it (what drafting sees when the earlier drafts were right)."""
     if not rows:
         return []
     idx = mx.array(rows)
     tokens, taps, labels = data["tokens"][idx], data["taps"][idx].astype(mx.float32), data["labels"][idx]
-    x, out = head.fuse(taps[:, :-1]), []
-    for j in range(1, steps + 1):
-        if j > 1:
-            x = x[:, :-1]
-        logits, x = head.forward(tokens[:, j:], x)
-        out.append(mx.mean(mx.argmax(logits, axis=-1) == t2d_index[labels[:, j:]]).item())
-    return out
+    return [
+        mx.mean(mx.argmax(logits, axis=-1) == t2d_index[labels[:, j:]]).item()
+        for j, (logits, _) in enumerate(ttt_steps(head, tokens, taps, steps), start=1)
+    ]
 
 
 def train(cfg, target) -> Path:
