@@ -28,14 +28,8 @@ from specpipe.drafters.eagle3.head import Attention, Eagle3Head, FirstLayer
 
 
 def _qkv(attn: Attention, x: mx.array, offset: int) -> tuple[mx.array, mx.array, mx.array]:
-    """q [B, heads, n, d], k / v [B, heads, n, d] (kv heads repeated) for rows at RoPE positions offset.."""
-    b, n, _ = x.shape
-    q = attn.q_proj(x).reshape(b, n, attn.n_heads, attn.head_dim)
-    k = attn.k_proj(x).reshape(b, n, attn.n_kv, attn.head_dim)
-    v = attn.v_proj(x).reshape(b, n, attn.n_kv, attn.head_dim).transpose(0, 2, 1, 3)
-    if attn.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = attn.rope(q.transpose(0, 2, 1, 3), offset=offset), attn.rope(k.transpose(0, 2, 1, 3), offset=offset)
+    """q, k, v [B, heads, n, d] (kv heads repeated to the query heads) at RoPE positions offset.."""
+    q, k, v = attn.qkv(x, offset)
     if attn.n_kv != attn.n_heads:  # grouped queries: each kv head serves n_heads / n_kv query heads
         k, v = mx.repeat(k, attn.n_heads // attn.n_kv, axis=1), mx.repeat(v, attn.n_heads // attn.n_kv, axis=1)
     return q, k, v

@@ -84,7 +84,8 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.rope = initialize_rope(hd, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
 
-    def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
+    def qkv(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array, mx.array]:
+        """q [B, heads, n, d], k / v [B, kv heads, n, d] for the rows of x at RoPE positions offset.."""
         b, n, _ = x.shape
         q = self.q_proj(x).reshape(b, n, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, n, self.n_kv, self.head_dim)
@@ -92,8 +93,12 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
-        offset = cache.offset if cache is not None else 0  # None: a whole sequence at once (training)
-        q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+        return self.rope(q, offset=offset), self.rope(k, offset=offset), v
+
+    def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
+        b, n, _ = x.shape
+        # cache None: a whole sequence at once from position 0
+        q, k, v = self.qkv(x, cache.offset if cache is not None else 0)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
