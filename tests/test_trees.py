@@ -103,11 +103,13 @@ def small_margins(cache: list, margin: int = 4) -> list:
 # gemma3_text: sliding-window layers (window 64) beside global ones; a 100-token context passes the window,
 # and with a small margin its window caches have dropped their oldest positions before the tree's forward.
 # gemma3: the same text model in the multimodal wrapper (4b+ checkpoints). kv=window (size 32): a window on
-# every layer, chosen by the user; plain forwards see the same window, so the tree must too.
+# every layer, chosen by the user; plain forwards see the same window, so the tree must too. gemma4_text /
+# gemma4: the same past the window, with 2 KV-shared layers (reading earlier layers' K/V) and soft-capped logits.
 @pytest.mark.parametrize(
     "arch, context, kv_window",
     [(a, 27, None) for a in ARCHS + ["mistral", "gemma3_text"]]
-    + [("gemma3_text", 100, None), ("gemma3", 100, None), ("llama", 100, 32), ("gemma3_text", 100, 32)],
+    + [("gemma3_text", 100, None), ("gemma3", 100, None), ("llama", 100, 32), ("gemma3_text", 100, 32)]
+    + [("gemma4_text", 27, None), ("gemma4_text", 100, None), ("gemma4", 100, None), ("gemma4_text", 100, 32)],
 )
 def test_tree_forward_equals_each_path_and_compaction_leaves_a_plain_sequence(arch, context, kv_window):
     e = tiny(arch)

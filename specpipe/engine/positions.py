@@ -38,10 +38,16 @@ from specpipe.engine.kv import WindowKVCache
 from specpipe.errors import SpecpipeError
 
 # Families whose attention reads positions only through `rope(x, offset=cache.offset)` and whose masks
-# come from `cache.make_mask` (gemma3: one for its global layers, one with `window_size` for its sliding
-# ones): checked against plain forwards in tests/test_positions.py and tests/test_trees.py. Others may
-# use the offset elsewhere (attention temperature by position, chunked attention) and are refused.
-POSITIONED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")  # gemma3: the 4b+ wrapper
+# come from `cache.make_mask` (gemma3 / gemma4: one for their global layers, one with `window_size` for their
+# sliding ones): checked against plain forwards in tests/test_positions.py, tests/test_trees.py and
+# tests/test_gemma4_trees.py. Others may use the offset elsewhere (attention temperature by position,
+# chunked attention) and are refused. gemma4's KV-shared layers (no cache entry of their own) take the K/V,
+# the offset and the kind's mask of earlier layers, all built through these wrappers; their own `rope`
+# children are swapped too, so their queries sit at each token's position.
+POSITIONED_ARCHS = (
+    *("llama", "mistral", "qwen2", "qwen3"),
+    *("gemma3_text", "gemma3", "gemma4_text", "gemma4"),  # gemma3 / gemma4: the multimodal wrappers
+)
 # layer caches whose keys a positioned forward can mask (a RaggedBatch's LayerCache says so itself)
 ATTENTION_CACHES: tuple[type, ...] = (KVCache, WindowKVCache)
 # recurrent layer caches: one state per row that reads every fed token in order; they take

@@ -36,6 +36,20 @@ _BASE = dict(
     tie_word_embeddings=False,
 )
 
+# Gemma-4 text: sliding / full attention in turn (full layers with their own head size and partial RoPE),
+# the last 2 layers reading the K/V of the last earlier layer of their kind, logits soft-capped
+_GEMMA4_TEXT = dict(
+    num_hidden_layers=4,
+    global_head_dim=32,
+    num_kv_shared_layers=2,
+    hidden_size_per_layer_input=0,
+    vocab_size_per_layer_input=VOCAB_SIZE,
+    sliding_window=64,
+    sliding_window_pattern=2,
+    final_logit_softcapping=300.0,  # Gemma-4's 30 would saturate these random logits into argmax ties
+    # untied (Gemma-4 ties): a tied random model's top logit is its input token's, so it repeats it forever
+)
+
 ARCH_EXTRAS: dict[str, dict] = {
     "llama": {},
     "qwen2": {},
@@ -48,19 +62,10 @@ ARCH_EXTRAS: dict[str, dict] = {
             _BASE, model_type="gemma3_text", query_pre_attn_scalar=16, sliding_window=64, sliding_window_pattern=2
         )
     ),
-    # Gemma-4 text: sliding / full attention in turn (full layers with their own head size and partial RoPE),
-    # the last 2 layers reading the K/V of the last earlier layer of their kind, logits soft-capped
-    "gemma4_text": dict(
-        num_hidden_layers=4,
-        global_head_dim=32,
-        num_kv_shared_layers=2,
-        hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=VOCAB_SIZE,
-        sliding_window=64,
-        sliding_window_pattern=2,
-        final_logit_softcapping=300.0,  # Gemma-4's 30 would saturate these random logits into argmax ties
-        # untied (Gemma-4 ties): a tied random model's top logit is its input token's, so it repeats it forever
-    ),
+    "gemma4_text": _GEMMA4_TEXT,
+    # Gemma-4 checkpoints with vision / audio towers: the multimodal wrapper (model_type gemma4) around the same
+    # text model (mlx-lm drops the towers; the wrapper's vocab_size reaches the text model)
+    "gemma4": dict(text_config=dict(_BASE, model_type="gemma4_text", **_GEMMA4_TEXT)),
     "phi3": {},
     "olmo2": {},
     # llama4 (text): 3 chunked-attention layers (32-position chunks), then a global NoPE one; MoE every 2nd
