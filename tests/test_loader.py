@@ -95,3 +95,24 @@ def test_smollm2_stored_stays_quantized_and_auto_is_float32_on_cpu(smollm2_gguf)
     assert auto.info.precision == "float32"
     # the float32 model is the dequantized stored model: same greedy tokens
     assert mx.argmax(logits_of(stored), axis=-1).tolist() == mx.argmax(logits_of(auto), axis=-1).tolist()
+
+
+@pytest.mark.parametrize("arch", ["gemma4_text", "gemma4"])
+def test_a_model_loaded_on_one_thread_runs_forwards_on_another(arch):
+    """gemma4's RoPE keeps its frequencies outside its parameters (`_freqs`): the loader evaluates them too, or
+    the server's worker thread, which runs every forward, fails with "no Stream(cpu, 0) in current thread"."""
+    import threading
+
+    engine = load_engine("tiny-random", precision="float32", arch=arch, seed=0)
+    errors: list[str] = []
+
+    def forward() -> None:
+        try:
+            mx.eval(logits_of(engine))
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    worker = threading.Thread(target=forward)
+    worker.start()
+    worker.join()
+    assert errors == []

@@ -19,6 +19,7 @@ from mlx_lm.models.gemma4_text import ModelArgs
 
 from specpipe.drafters.gemma4_assistant.model import AssistantConfig, Gemma4Assistant
 from specpipe.drafters.json_file import read_json
+from specpipe.engine.load.build import evaluate_buffers
 from specpipe.errors import SpecpipeError
 
 MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")  # the unified one reuses the same drafter (mlx-vlm)
@@ -52,6 +53,7 @@ def load_assistant(path: str) -> tuple[Gemma4Assistant, AssistantSource]:
     model.load_weights(list(weights.items()), strict=False)  # names and shapes checked above
     model.eval()
     mx.eval(model.parameters())
+    evaluate_buffers(model)  # its layers' RoPE frequencies: a server's worker thread drafts with them
     return model, AssistantSource(str(folder), model_type, len(weights))
 
 

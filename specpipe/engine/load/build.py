@@ -117,6 +117,14 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     return model
 
 
+def evaluate_buffers(model: nn.Module) -> None:
+    """Evaluate every array the model's modules hold outside their parameters (an `_`-named attribute, e.g.
+    mlx-lm's gemma4 ProportionalRoPE `_freqs`). Left lazy, such an array belongs to the loading thread's
+    stream, and the first forward on another thread (the server's worker) fails with "There is no Stream(cpu,
+    0) in current thread"; parameters are evaluated where they are loaded."""
+    mx.eval([v for _, m in model.named_modules() for v in m.values() if isinstance(v, mx.array)])
+
+
 def auto_precision(model: nn.Module) -> str:
     """The fastest precision for this device that fits in memory.
 

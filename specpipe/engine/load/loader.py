@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 
 from specpipe.engine.engine import Engine
 from specpipe.engine.info import ModelInfo
-from specpipe.engine.load.build import apply_precision, build_model, weight_dtype
+from specpipe.engine.load.build import apply_precision, build_model, evaluate_buffers, weight_dtype
 from specpipe.errors import ConfigError, SpecpipeError
 
 TINY = "tiny-random"
@@ -53,6 +53,7 @@ def load_engine(
     else:
         raise SpecpipeError("no model given: set model=<packaged name> or model.path=<file.gguf|folder>")
     apply_precision(engine.model, precision)
+    evaluate_buffers(engine.model)  # a forward on another thread (the server's worker) needs them evaluated
     engine.info = _with_precision(engine.info, engine.model)
     return engine
 
