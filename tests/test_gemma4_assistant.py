@@ -1,6 +1,7 @@
 """draft=gemma4_assistant on a tiny random gemma4_text target: greedy output equals draft=none (chain under
 every rollback), drafts are both accepted and rejected, the drafter reads only the accepted prefix
-of the target's K/V, and unreadable layouts, non-Gemma-4 targets and trees fail in one line."""
+of the target's K/V, and unreadable layouts and non-Gemma-4 targets fail in one line. (Trees:
+tests/test_gemma4_trees.py.)"""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from specpipe.core.plan import StepPlan
 from specpipe.drafters.gemma4_assistant.drafter import Gemma4AssistantDrafter
 from specpipe.engine.load.loader import load_engine
 from specpipe.errors import SpecpipeError
-from specpipe.trees.proposal import tree_parts
-from specpipe.trees.shape import TreeShape
 
 TOKENS = 32
 
@@ -57,15 +56,6 @@ def test_a_random_assistant_with_the_centroid_head_is_lossless(tmp_path, setup):
     drafter = Gemma4AssistantDrafter(target, str(write(tmp_path / "c", cfg, random_weights(cfg, 5))))
     got, final, _, _ = generate(target, drafter, 3, prompt, TOKENS)
     assert got == baseline and final.stats.drafted > 0
-
-
-def test_a_tree_is_refused_in_one_line_naming_tree_chain(tmp_path, setup):
-    """Tree verification is not checked on gemma4 attention (trees/proposal.py): trees stop before drafting."""
-    target, _, baseline = setup
-    drafter = Gemma4AssistantDrafter(target, aimed(tmp_path, baseline, 2))
-    with pytest.raises(SpecpipeError, match="use tree=chain") as err:
-        tree_parts(target, drafter, TreeShape(kind="static", branching=[3, 2, 1]))
-    assert "\n" not in str(err.value)
 
 
 def test_the_drafter_sees_only_the_accepted_prefix(tmp_path, setup):

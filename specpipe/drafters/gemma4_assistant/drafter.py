@@ -7,8 +7,10 @@ len(context); the newest token is not in the cache yet) and the hidden state at 
 assistant steps as mlx-vlm's draft_block does: step 0 pairs that hidden state with the newest token's
 embedding, each later step the assistant's own output with the token it drafted; every step queries the
 same K/V at the same position (n - 2). The assistant keeps no cache, so a rollback has nothing to drop:
-the next propose reads the cache the pipeline's rollback left. Chains only: trees/proposal.py refuses
-tree verification on gemma4 targets. Under sampling q is the assistant's full-vocabulary distribution.
+the next propose reads the cache the pipeline's rollback left (a tree's: its compacted path; a batch row's:
+its own row of the batch, lent by batch/decoder.py at join). `propose_tree` chains the same steps and keeps
+each depth's runners-up as siblings, read from the same logits (trees/drafting.py's top_k_chain; drawn from q
+under sampling). Under sampling q is the assistant's full-vocabulary distribution.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from specpipe.engine import introspect
 from specpipe.engine.engine import Capture
 from specpipe.engine.target_kv import TargetKv
 from specpipe.errors import SpecpipeError
+from specpipe.trees.drafting import TreeDraft, top_k_chain
+from specpipe.trees.shape import TreeShape
+from specpipe.trees.tree import TokenTree
 
 
 class Gemma4AssistantDrafter(DrafterBase):
     name = "gemma4_assistant"
     needs_hidden = True
-    # no trees: its targets are gemma4 models, whose tree verification specpipe has not checked (tree=chain)
+    supports_trees = True  # the assistant's top-k chain (propose_tree)
 
     def __init__(self, target, path: str, sampler=None, p_min: float = 0.0):
         """
@@ -87,6 +92,15 @@ class Gemma4AssistantDrafter(DrafterBase):
             self._steps(context_ids), plan.k, self.sampler if sampled else None, self.p_min, plan.chain_stop, tops
         )
         return to_draft(drafted, q_rows)
+
+    def propose_tree(self, context_ids: list[int], shape: TreeShape) -> TreeDraft:
+        """A chain of `shape.max_depth` assistant steps with each depth's `shape.width - 1` next best tokens as
+        leaves (drawn without replacement from q when sampling). Its first branch is what `propose(context,
+        max_depth)` drafts, for the same forwards; the siblings are free. Nothing is cached, so no tail."""
+        if shape.max_depth <= 0 or len(context_ids) < 2:
+            return TreeDraft(TokenTree())  # position 0 has no hidden state before it
+        tree, _ = top_k_chain(self._steps(context_ids), shape.max_depth, shape.width, self.sampler)
+        return TreeDraft(candidates=tree)
 
     # ---------------------------------------------------------------- drafting
 
