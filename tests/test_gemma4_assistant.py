@@ -1,7 +1,7 @@
 """draft=gemma4_assistant on a tiny random gemma4_text target: greedy output equals draft=none (chain under
 every rollback), drafts are both accepted and rejected, the drafter reads only the accepted prefix
 of the target's K/V, and unreadable layouts and non-Gemma-4 targets fail in one line. (Trees:
-tests/test_gemma4_trees.py.)"""
+tests/test_gemma4_trees.py; batched rows: tests/test_gemma4_assistant_batch.py.)"""
 
 from __future__ import annotations
 
@@ -160,24 +160,3 @@ def test_the_command_runs_and_a_missing_folder_is_one_line(tmp_path, setup):
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     lines = [line for line in bad.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "not a folder" in lines[0], bad.stderr
-
-
-def test_batched_decoding_is_refused_in_one_line_before_any_step(tmp_path):
-    """A batch's verify forwards run on a batch cache the assistant cannot read: a row is refused as it joins,
-    in one line (not at its second step, which stopped every row of the batch), and the server serves such a
-    drafter one request at a time (serve/cli.py batch_refusal)."""
-    from test_batch_drafters import _batched, _cfg
-
-    from specpipe.serve.cli import batch_refusal
-    from specpipe.session import Session
-
-    cfg = config()
-    folder = write(tmp_path / "a", cfg, random_weights(cfg))
-    arch = ["model=tiny-random", "model.arch=gemma4_text", "+model.tiny.num_hidden_layers=4"]
-    session = Session(_cfg([*arch, "draft=gemma4_assistant", f"draft.path={folder}"]))
-    with pytest.raises(
-        SpecpipeError, match="own target K/V cache, which a batch does not lend; serve it with max_batch=1"
-    ) as err:
-        _batched(session, [0, 0, 0, 0])
-    assert "\n" not in str(err.value)
-    assert "draft=gemma4_assistant attends to one request's own target K/V" in (batch_refusal(session) or "")

@@ -5,7 +5,8 @@ its own drafter (n-gram, a draft model, layer skip, an MTP head, lookahead), sam
 Greedy: each answer equals that prompt decoded alone by a draft=none server. Seeded sampling: each answer
 equals the same request (same seed) sent alone. A streaming client that hangs up mid-answer frees its row:
 it is logged cancelled and the next requests are answered in full. Token trees (tree=dynamic: a draft model's,
-draft=lookahead's) are rows of the batch too.
+draft=lookahead's) are rows of the batch too. A Gemma-4 assistant (draft=gemma4_assistant on a tiny gemma4_text
+target) reads each row's own target K/V from the batch, chains and trees.
 """
 
 from __future__ import annotations
@@ -171,6 +172,45 @@ def test_hybrid_recurrent_and_sliding_window_targets_batch_through_the_server(ta
         answers = _concurrently(s)
         assert [_text(a) for a in answers] == plain
         assert all(a["specpipe"]["batched"] for a in answers) and sum(a["specpipe"]["drafted"] for a in answers) > 0
+        assert metric(s, "specpipe_batch_rows_total") / metric(s, "specpipe_steps_total") > 1.5
+    finally:
+        s.proc.kill()
+        s.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory) -> tuple[str, list[str]]:
+    """(a random Gemma-4 assistant's folder for the tiny gemma4_text target, each prompt's answer alone from a
+    draft=none server): exactness needs no training."""
+    from tests.gemma4_tiny import config, random_weights, write
+
+    cfg = config()
+    folder = write(tmp_path_factory.mktemp("assistant") / "a", cfg, random_weights(cfg, seed=2))
+    server = _start(tmp_path_factory.mktemp("plain-gemma4"), "gemma4_text", "draft=none")
+    try:
+        return str(folder), [_text(_complete(server, i)) for i in range(len(PROMPTS))]
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_gemma4_assistant_rows_each_read_their_own_kv_through_the_server(gemma4, tree, tmp_path):
+    """draft=gemma4_assistant attends to the target's K/V: each row's drafter reads its own row of the batch's
+    storage (batch/cache.py RowKv). 4 concurrent requests each get their answer alone, greedy (a draft=none
+    server's) and seeded sampling (the same request sent alone), chains and trees (tree=dynamic)."""
+    folder, plain = gemma4
+    s = _start(
+        tmp_path, "gemma4_text", "draft=gemma4_assistant", f"draft.path={folder}", *(["tree=dynamic"] if tree else [])
+    )
+    try:
+        greedy = _concurrently(s)
+        assert [_text(a) for a in greedy] == plain
+        assert all(a["specpipe"]["batched"] for a in greedy) and sum(a["specpipe"]["drafted"] for a in greedy) > 0
+        sampled = {str(i): {"temperature": 1.0, "seed": SEEDS[i]} for i in range(len(PROMPTS))}
+        alone = [_text(_complete(s, i, **sampled[str(i)])) for i in range(len(PROMPTS))]
+        assert [_text(a) for a in _concurrently(s, **sampled)] == alone
+        assert alone != plain  # sampling really sampled
         assert metric(s, "specpipe_batch_rows_total") / metric(s, "specpipe_steps_total") > 1.5
     finally:
         s.proc.kill()

@@ -27,6 +27,12 @@ n, states=)` gives row b the state after its kept[b]-th column. A batch of recur
 Sliding-window layers (gemma3) are attention layers here: a row joins from its window twin
 (engine/kv.py WindowKVCache) and every forward masks them by position, so `compact` keeps all kept
 columns and the window is applied at attention time. `storage_refusal` names what cannot be held.
+
+A drafter that attends to the target's own K/V (draft=gemma4_assistant, engine/target_kv.py) reads its
+request's row through `row_kv(row_id)` (`add` returns the id; it follows the row as others join, leave or
+compact): the row's kept columns over its accepted prefix, never a hole or a padding column. Its query sits at
+the row's newest cached position, one before the target's next, so a window layer holds one more position
+than the target alone would read (`_reach`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from specpipe.engine import introspect
 from specpipe.engine.kv import WindowKVCache
 from specpipe.engine.recurrent import StateCapture
+from specpipe.engine.target_kv import KvRows
+from specpipe.errors import SpecpipeError
 
 GROW = 256  # columns added at a time, as mlx-lm's KVCache does
 
@@ -84,6 +92,7 @@ class RaggedBatch:
     """The batch's shared bookkeeping plus one `LayerCache` per layer (pass `.layers` to the model)."""
 
     def __init__(self, n_layers: int):
+        self._next_id = 0  # `add` numbers rows; an id is never reused, so a lent view cannot read another row
         self._reset(n_layers)
 
     def _reset(self, n_layers: int) -> None:
@@ -93,6 +102,7 @@ class RaggedBatch:
         self.pos = np.zeros((0, 0), dtype=np.int32)  # [B, capacity]: each column's position in its row
         self.offsets = np.zeros(0, dtype=np.int32)  # [B]: RoPE position of each row's next token
         self.idx = 0  # columns written so far (shared by every row)
+        self.row_ids: list[int] = []  # [B]: each row's id from `add`, in row order
 
     @property
     def size(self) -> int:
@@ -116,13 +126,16 @@ class RaggedBatch:
 
     # ---------------------------------------------------------------- rows join and leave
 
-    def add(self, solo_cache: list, length: int | None = None) -> None:
+    def add(self, solo_cache: list, length: int | None = None) -> int:
         """Append one row from a batch-1 prefill (the target's own cache list, one entry per layer).
 
         Its P prefilled columns go right-aligned before `idx`; when P > idx every row first gets
         P - idx hole columns on the left, so all rows stay aligned on the same write column.
         Recurrent layers append the row's states. `length`: the positions prefilled, needed only
         when no layer is attention (mamba2: no offset to read it from).
+
+        Returns:
+            the row's id (`row_kv`), kept while it stays in the batch.
 
         Raises:
             ValueError: a layer kind the batch cannot hold (`storage_refusal`), or other layers than its rows'.
@@ -149,7 +162,7 @@ class RaggedBatch:
             self.valid = np.zeros((self.size + 1, 0), dtype=bool)
             self.pos = np.zeros((self.size + 1, 0), dtype=np.int32)
             self.offsets = np.append(self.offsets, np.int32(P))
-            return
+            return self._new_id()
         if P > self.idx:
             for layer in self.layers:
                 layer.pad_left(P - self.idx, self.idx)
@@ -166,6 +179,12 @@ class RaggedBatch:
         self.pos = np.concatenate([self.pos, row_pos])
         self.offsets = np.append(self.offsets, np.int32(P))
         self._forget_past_window()  # the zeros before a window cache's newest columns among them
+        return self._new_id()
+
+    def _new_id(self) -> int:
+        self.row_ids.append(self._next_id)
+        self._next_id += 1
+        return self.row_ids[-1]
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these rows (in this order); the others leave the batch."""
@@ -175,6 +194,11 @@ class RaggedBatch:
         for layer in self.layers:
             layer.take_rows(rows)
         self.valid, self.pos, self.offsets = self.valid[rows], self.pos[rows], self.offsets[rows]
+        self.row_ids = [self.row_ids[i] for i in rows]
+
+    def row_kv(self, row_id: int) -> RowKv:
+        """The K/V of the row `add` numbered `row_id`, as engine/target_kv.py's TargetKv reads it (`lend`)."""
+        return RowKv(self, row_id)
 
     # ---------------------------------------------------------------- the step
 
@@ -228,26 +252,33 @@ class RaggedBatch:
         """Where every attention layer has a window (kv=window, recurrent_gemma), a column no later query of
         its row can reach becomes a hole, so `compact` frees it: the buffer stays about one window long.
 
-        Example (window 4): a row's next position is 10; its queries (10, 11, ...) see keys from 7 on, so
-        its columns at positions 0..6 are holes. A model with global layers too (gemma3) forgets nothing.
+        Example (window 4): a row's next position is 10; its queries (10, 11, ...) see keys from 7 on, a drafter
+        reading its K/V from 6 on (`_reach`), so its columns at positions 0..5 are holes. A model with global
+        layers too (gemma3) forgets nothing.
         """
         windows = [layer.window for layer in self.layers if isinstance(layer, LayerCache)]
         if not windows or None in windows:
             return
-        reach = self.offsets - max(w for w in windows if w is not None)  # [B]: keys at or before it are out
+        reach = self._reach(max(w for w in windows if w is not None))
         self.valid[:, : self.idx] &= self.pos[:, : self.idx] > reach[:, None]
 
-    def _first_needed_column(self, window: int) -> int:
-        """The first column a layer of this window must still hold: the first some row's next query can see,
-        and never past the last window - 1 columns (a row joining next brings its window there).
+    def _reach(self, window: int) -> np.ndarray:
+        """[B]: per row, the last position no later read of a layer of this window needs (keys at or before it
+        are out). The row's next query (position offset) sees keys from offset - window + 1; a drafter reading
+        the row's K/V (`row_kv`) queries from offset - 1, so from offset - window: one more is held for it."""
+        return self.offsets - window - 1
 
-        Example (window 4, rows at next positions 10 and 6): row 0 needs positions 7.. , row 1 positions 3..;
+    def _first_needed_column(self, window: int) -> int:
+        """The first column a layer of this window must still hold: the first some row's next read can see
+        (`_reach`), and never past the last window columns (a row joining next brings its window there).
+
+        Example (window 4, rows at next positions 10 and 6): row 0 needs positions 6.. , row 1 positions 2..;
         the first column holding either is the answer.
         """
-        reach = self.offsets - window  # [B]: a row's keys at or before it are outside its queries' window
+        reach = self._reach(window)
         live = (self.valid[:, : self.idx] & (self.pos[:, : self.idx] > reach[:, None])).any(axis=0)
         first = int(np.argmax(live)) if live.any() else self.idx
-        return min(first, max(0, self.idx - window + 1))
+        return min(first, max(0, self.idx - window))
 
     def _drop_columns(self, at_least: int) -> None:
         """Free each sliding-window layer's columns before its first needed one, once `at_least` of them are
@@ -377,7 +408,7 @@ class LayerCache:
         """m hole columns before column 0 (a longer row joins; idx: the columns written before it)."""
         if self.keys is None:
             return
-        if self.window is not None and self.first_column + m <= max(0, idx + m - self.window + 1):
+        if self.window is not None and self.first_column + m <= max(0, idx + m - self.window):
             self.first_column += m  # the new columns lie before the buffer, outside every window: nothing moves
             return
         pad = [(0, 0), (0, 0), (m, 0), (0, 0)]
@@ -400,6 +431,57 @@ class LayerCache:
         cut = column - self.first_column
         self.keys, self.values = self.keys[..., cut:, :], self.values[..., cut:, :]
         self.first_column = column
+
+
+class RowKv:
+    """One row's K/V in the batch's storage, as a drafter attending to the target's K/V reads it
+    (engine/target_kv.py's LentRows): found by the id `add` gave it, so rows joining, leaving or compacting
+    never point it at another row.
+
+    Worked example (window 4, row 1 of a batch: its valid columns hold positions 0..9 with holes between):
+    `kv_rows(sliding layer, 10, kind)` gathers the columns of positions 6..9, oldest first, first = 6.
+    """
+
+    def __init__(self, batch: RaggedBatch, row_id: int):
+        self.batch, self.row_id = batch, row_id
+
+    @property
+    def layers(self) -> int:
+        return len(self.batch.layers)
+
+    def kv_rows(self, layer: int, length: int, kind: str) -> KvRows:
+        """Entry `layer`'s keys / values of this row over positions [first, length): every kept position of an
+        attention layer, a window layer's last `window` of them ([1, kv_heads, n, head_dim] each).
+
+        Raises:
+            SpecpipeError (one line): the row left the batch, holds fewer than `length` positions, or the layer
+            is not attention (a recurrent state has no K/V to lend).
+        """
+        batch = self.batch
+        if self.row_id not in batch.row_ids:
+            raise SpecpipeError(f"batch row {self.row_id} left the batch: its drafter has no target K/V to read")
+        b = batch.row_ids.index(self.row_id)
+        cache = batch.layers[layer]
+        if not isinstance(cache, LayerCache):
+            raise SpecpipeError(f"the target's {kind} cache entry {layer} is recurrent: it has no K/V to lend")
+        if batch.offsets[b] < length:
+            raise SpecpipeError(
+                f"the batch's row holds {batch.offsets[b]} positions of the target's {kind} cache, the context "
+                f"needs {length}"
+            )
+        first = max(0, length - cache.window) if cache.window is not None else 0
+        pos = batch.pos[b, : batch.idx]
+        columns = np.flatnonzero(batch.valid[b, : batch.idx] & (pos >= first) & (pos < length))
+        columns = columns[np.argsort(pos[columns], kind="stable")]  # oldest position first, as a solo cache
+        if len(columns) != length - first or (len(columns) and columns[0] < cache.first_column):
+            raise SpecpipeError(
+                f"the batch no longer holds positions {first}..{length - 1} of the row's {kind} layer "
+                f"({len(columns)} of them kept): it cannot lend them"
+            )
+        index = mx.array(columns - cache.first_column)
+        return KvRows(
+            mx.take(cache.keys[b : b + 1], index, axis=2), mx.take(cache.values[b : b + 1], index, axis=2), first
+        )
 
 
 class RecurrentLayer(ArraysCache):

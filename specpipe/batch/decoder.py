@@ -36,7 +36,6 @@ from specpipe.core.protocols import BudgetBase, RollbackBase
 from specpipe.core.step import Row as StepRow
 from specpipe.core.step import step as one_step
 from specpipe.engine.engine import joined_rows
-from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, Emitted, Event, PrefillDone, RunFinished, Verified
 from specpipe.metrics import StatsCollector
 
@@ -49,19 +48,10 @@ Expectation = Callable[[int], float]  # tokens a step drafting k yields (batch/p
 def refusal(target) -> str | None:
     """Why this target cannot be batched (one line naming what to use), or None when it can.
 
-    Every drafter batches (each row proposes with its own); what cannot is a cache layer the batch's
-    storage cannot hold (batch/cache.py: plain, sliding-window and recurrent layers are held)."""
+    Every drafter batches (each row proposes with its own; one that attends to the target's K/V reads its own
+    row of the batch, lent at `join`); what cannot is a cache layer the batch's storage cannot hold
+    (batch/cache.py: plain, sliding-window and recurrent layers are held)."""
     return storage_refusal(target)
-
-
-def drafter_refusal(drafter) -> str | None:
-    """Why rows of this drafter cannot share a batch (one line naming what to use), or None: a drafter that
-    attends to the target's own K/V (draft=gemma4_assistant, engine/target_kv.py) reads one request's cache,
-    which the batch's storage does not lend per row."""
-    capture = drafter.capture
-    if capture is not None and capture.kv is not None:
-        return f"draft={drafter.name} attends to one request's own target K/V cache, which a batch does not lend"
-    return None
 
 
 @dataclass
@@ -308,9 +298,6 @@ class BatchDecoder:
         its prompt n tokens at a time (between decode steps, so the active rows do not stall), then
         `join` makes it a row. `k`: this request's own fixed K (None: its budget plans)."""
         p = self.plugins(seed, **sampling)
-        why = drafter_refusal(p.drafter)
-        if why:  # before any step: a row that could not draft would otherwise stop the whole batch at its second
-            raise SpecpipeError(f"{why}; serve it with max_batch=1")
         p.drafter.use_rollback(p.rollback if p.rollback is not None else _trim())
         draft_capture = p.drafter.capture  # an MTP head reads the target's hidden states, an EAGLE-3 head its taps
         row = Row(
@@ -346,7 +333,10 @@ class BatchDecoder:
         if row.wants_hidden:
             row.drafter.observe_hidden(0, row.prompt_ids[:-1], joined_rows(joining.hidden), joined_rows(joining.taps))
         draft_s = time.perf_counter() - s
-        self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
+        row_id = self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
+        kv = row.draft_capture.kv if row.draft_capture is not None else None
+        if kv is not None:  # draft=gemma4_assistant: from now on its request's K/V is this row of the batch
+            kv.lend(self.target.model, self.cache.row_kv(row_id))
         self.rows.append(row)
         t = row.since_admission()  # a prompt fed over several steps waited between its chunks
         done = PrefillDone(

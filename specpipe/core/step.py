@@ -192,7 +192,8 @@ def _fed_mask(proposals: list, n: int) -> mx.array:
 
 def _joint_capture(captures: list, states) -> Capture | None:
     """One capture for the batch's forward: hidden states or layer taps when any row's drafter asks (all rows
-    get them), and the batch's per-position recurrent states when it has recurrent layers (`states`)."""
+    get them), and the batch's per-position recurrent states when it has recurrent layers (`states`). No K/V
+    view: a drafter attending to the target's K/V reads its own row of the batch, lent as it joined."""
     asked = [c for c in captures if c is not None]
     if not asked and states is None:
         return None  # the plain forward: nothing recorded

@@ -259,12 +259,12 @@ def _batch_pricing(cfg, session):
 def batch_refusal(session) -> str | None:
     """Why this session's requests cannot share a batch (one line naming what to use), or None.
 
-    Every drafter and token trees batch (each row proposes with its own drafter, budget and sampler); what
-    cannot yet: a target with cache layers the batch cannot hold (batch/cache.py storage_refusal), or a drafter
-    that attends to one request's own target K/V (batch/decoder.py drafter_refusal)."""
-    from specpipe.batch.decoder import drafter_refusal, refusal
+    Every drafter and token trees batch (each row proposes with its own drafter, budget and sampler; a drafter
+    that attends to the target's K/V reads its request's row of the batch); what cannot yet: a target with
+    cache layers the batch cannot hold (batch/cache.py storage_refusal)."""
+    from specpipe.batch.decoder import refusal
 
-    return refusal(session.target) or drafter_refusal(session.drafter)
+    return refusal(session.target)
 
 
 if __name__ == "__main__":
