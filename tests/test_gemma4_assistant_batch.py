@@ -20,6 +20,7 @@ from specpipe.batch.decoder import BatchDecoder, session_plugins
 from specpipe.engine.engine import Capture
 from specpipe.engine.target_kv import TargetKv
 from specpipe.errors import SpecpipeError
+from specpipe.events import Drafted
 from specpipe.session import Session
 
 TEXTS = [
@@ -72,19 +73,21 @@ def lent_kv_is_a_fresh_prefills(decoder: BatchDecoder) -> None:
             )
 
 
-def batched(session: Session, seeds: list[int]) -> tuple[list[list[int]], list]:
-    """The 4 requests through one BatchDecoder (two of them joining late); (each row's tokens, every row)."""
+def batched(session: Session, seeds: list[int]) -> tuple[list[list[int]], list, list[Drafted]]:
+    """The 4 requests through one BatchDecoder (two of them joining late); (each row's tokens, every row, every
+    row's Drafted events)."""
     decoder = BatchDecoder(session.target, session_plugins(session))
     prompts = [session.target.encode_prompt(t, chat=False) for t in TEXTS]
     rows = [decoder.add(prompts[i], MAX_TOKENS[i], seeds[i]) for i in (0, 1)]
-    steps = 0
+    steps, drafted = 0, []
     while decoder.rows:
         if steps == LATE:
             rows += [decoder.add(prompts[i], MAX_TOKENS[i], seeds[i]) for i in (2, 3)]
-        decoder.step()
+        report = decoder.step()
+        drafted += [e for s in report.rows for e in s.events if isinstance(e, Drafted)]
         steps += 1
         lent_kv_is_a_fresh_prefills(decoder)
-    return [row.output for row in rows], rows
+    return [row.output for row in rows], rows, drafted
 
 
 @pytest.fixture(autouse=True)
@@ -96,16 +99,18 @@ def small_blocks(monkeypatch):
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_greedy_rows_each_get_draft_nones_answer_alone(plain, folder, tree):
     session = _session(["draft=gemma4_assistant", f"draft.path={folder}", *(["tree=dynamic"] if tree else [])], False)
-    got, rows = batched(session, [0, 0, 0, 0])
+    got, rows, drafted = batched(session, [0, 0, 0, 0])
     assert got == plain
     assert 0 < sum(r.accepted for r in rows) < sum(r.drafted for r in rows)  # drafts both accepted and rejected
+    branched = [e.tree_parents for e in drafted if len(set(e.tree_parents)) < len(e.tree_parents)]
+    assert bool(branched) == tree, "tree rows verify trees with siblings; chain rows never do"
     assert len(rows[0].context) > WINDOW + 20  # the first row's context passed the window
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_seeded_sampled_rows_each_get_their_answer_alone(folder, tree):
     session = _session(["draft=gemma4_assistant", f"draft.path={folder}", *(["tree=dynamic"] if tree else [])], True)
-    got, rows = batched(session, SEEDS)
+    got, rows, _ = batched(session, SEEDS)
     assert got == [_alone(session, s, t, m) for s, t, m in zip(SEEDS, TEXTS, MAX_TOKENS)]
     assert len({tuple(g) for g in got}) == len(got) and sum(r.drafted for r in rows) > 0
 
