@@ -478,6 +478,10 @@ class RowKv:
                 f"the batch no longer holds positions {first}..{length - 1} of the row's {kind} layer "
                 f"({len(columns)} of them kept): it cannot lend them"
             )
+        if len(columns) == 0 or bool(np.all(np.diff(columns) == 1)):  # no holes, in order: a slice, no gather
+            lo = int(columns[0]) - cache.first_column if len(columns) else 0
+            hi = lo + len(columns)
+            return KvRows(cache.keys[b : b + 1, :, lo:hi], cache.values[b : b + 1, :, lo:hi], first)
         index = mx.array(columns - cache.first_column)
         return KvRows(
             mx.take(cache.keys[b : b + 1], index, axis=2), mx.take(cache.values[b : b + 1], index, axis=2), first

@@ -44,10 +44,8 @@ from specpipe.errors import SpecpipeError
 # chunked attention) and are refused. gemma4's KV-shared layers (no cache entry of their own) take the K/V,
 # the offset and the kind's mask of earlier layers, all built through these wrappers; their own `rope`
 # children are swapped too, so their queries sit at each token's position.
-POSITIONED_ARCHS = (
-    *("llama", "mistral", "qwen2", "qwen3"),
-    *("gemma3_text", "gemma3", "gemma4_text", "gemma4"),  # gemma3 / gemma4: the multimodal wrappers
-)
+# gemma3 / gemma4: the multimodal wrappers around gemma3_text / gemma4_text
+POSITIONED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3", "gemma4_text", "gemma4")
 # layer caches whose keys a positioned forward can mask (a RaggedBatch's LayerCache says so itself)
 ATTENTION_CACHES: tuple[type, ...] = (KVCache, WindowKVCache)
 # recurrent layer caches: one state per row that reads every fed token in order; they take
