@@ -95,15 +95,32 @@ def test_auto_with_ngram_classes_is_lossless_and_logs_each_class(tmp_path, monke
         assert len(e.draft_ids) == e.decision.k <= e.k and 1 <= e.decision.evidence <= drafter.max_n
 
 
-def test_where_the_pooled_rates_say_plain_no_class_starts_drafting():
+def test_where_no_class_pays_the_steps_stay_plain_and_look_back():
     """Prose: sizing every draft by its class drafted 80 tokens at 2% acceptance (0.93x of plain); the steps
-    stay plain and look back while the pooled rates say nothing pays."""
+    stay plain and look back while no class's rates say a draft pays."""
     b = free_budget()
     b.next_k()
-    b.observe(b.fit_k(4, 16), b.k)  # one long match held: the class is known
+    b.observe(b.fit_k(4, 16), 0)  # a long match missed
     for _ in range(30):
-        b.observe_hindsight(2, 0, evidence=1)  # then nothing the n-gram guesses is right
+        b.observe_hindsight(2, 0, evidence=1)  # and nothing the n-gram guesses is right
+        b.observe_hindsight(2, 0, evidence=4)
     assert b.next_k() == 0 and b.decision.reason == "plain" and b.hindsight_k > 0
+
+
+def test_a_class_that_holds_drafts_while_weak_classes_pull_the_pooled_rates_under_plain():
+    """rag-521 (SmolLM2, a 43-token answer): one-token matches missed, their look backs pulled the pooled
+    first-token rate to 0.1 and auto stopped asking the n-gram, while 2-token matches held 7 of 9 times
+    (0.97x of plain; fixed K = 2 1.45x). The class in hand decides, not the pool."""
+    b = free_budget()
+    for _ in range(3):
+        b.next_k()
+        b.observe(b.fit_k(2, 16), b.k)  # 2-token matches hold
+    for _ in range(30):
+        b.observe_hindsight(2, 0, evidence=1)  # one-token matches never do
+    assert b._best(b.alpha) == 0  # pooled, drafting does not pay
+    assert b.next_k() == 16 and b.decision.reason == "cap"  # the n-gram is still asked
+    assert b.fit_k(2, 16) >= 2 and b.decision.evidence == 2
+    assert b.fit_k(1, 16) == 0 and b.decision.reason == "plain" and b.hindsight_k > 0
 
 
 def test_a_one_token_draft_is_lengthened_only_where_the_longer_one_still_beats_plain():

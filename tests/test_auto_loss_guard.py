@@ -89,6 +89,49 @@ def test_a_free_drafter_still_looks_back_while_drafting_loses():
     assert all(p.k == 0 and p.hindsight_k > 0 and p.decision.reason == "lost" for p in plans), plans
 
 
+def test_one_descheduled_step_does_not_stop_drafting_that_pays():
+    """rag-521: among five drafting steps one 4-token verify took 0.43 s, six plain steps (the machine, not the
+    draft), and the guard kept the rest of the answer plain while its look backs accepted 60-70%."""
+    b = budget()
+    _plain(b)
+    ks = run(b, 6, lambda k: 1.5 * T1, lambda k: 1)  # drafting pays: 2 tokens for 1.5 plain steps
+    k = b.plan(cache_len=300, room=600).k
+    b.observe(k, 1, draft_s=0.0, verify_s=8 * T1)  # descheduled
+    assert any(ks) and not b.lost
+    run(b, 6, lambda k: 1.5 * T1, lambda k: 1)
+    assert not b.lost and b.plan(cache_len=400, room=500).k > 0
+
+
+def test_a_free_probe_that_found_nothing_to_draft_is_taken_again_at_the_next_step():
+    """mt_bench-147 (SmolLM2 + n-gram): the guard's two probes fell where the n-gram matched nothing, each
+    doubled the wait, and the answer's last 90 tokens were plain while 2-token drafts paid (K = 2 1.2x)."""
+    b = budget(hindsight=True)
+    _plain(b)
+    run(b, 40, lambda k: 3 * T1, lambda k: 1)
+    assert b.lost
+    ks = []
+    for i in range(2 * b.probe_max):
+        ks.append(b.plan(cache_len=200 + i, room=900 - i).k)
+        b.observe(0, 0, draft_s=0.0, verify_s=T1)  # nothing matched: nothing drafted
+    probes = [i for i, k in enumerate(ks) if k]
+    assert probes and probes == list(range(probes[0], len(ks))), ks  # each step probes until one drafts
+    wait = b._probe_wait
+    b.plan(cache_len=400, room=600)
+    b.observe(2, 0, draft_s=0.0, verify_s=1.5 * T1)  # this one drafted, and lost: the wait doubles
+    assert b._probe_wait == min(2 * wait, b.probe_max) and b.plan(cache_len=401, room=599).k == 0
+
+    model = budget()  # a drafter whose tokens cost: a probe it did not draft is not repeated every step
+    model.c = 0.3
+    _plain(model)
+    run(model, 40, lambda k: 3 * T1, lambda k: 1)
+    assert model.lost
+    ks = []
+    for i in range(2 * model.probe_max):
+        ks.append(model.plan(cache_len=200 + i, room=900 - i).k)
+        model.observe(0, 0, draft_s=0.0, verify_s=T1)
+    assert sum(1 for k in ks if k) <= 4, ks
+
+
 def _plain(b: AutoBudget) -> None:
     """Three plain steps timed (a run's first token and steps the drafter had nothing for)."""
     for _ in range(3):

@@ -109,6 +109,7 @@ EXPLORE_COST = 0.9  # a longer draft that tests a thin continuation may be price
 THIN_TRIALS = 2 * PRIOR_TRIALS  # a continuation with fewer trials than this is tested on a longer draft
 LOSS_STEPS = 5.0  # drafting steps' worth of this run's timings (forgotten) before `realized` is judged
 LOSS_MARGIN = 0.97  # drafting that returned under this share of plain's speed stops, but for probes
+DESCHEDULED = 3.0  # a drafting step over this many times its measured price was descheduled: `realized` prices it
 NEW_REQUEST_STEPS = 2.0  # weight of the last request's realized figures in a new one
 CARRY_TRIALS = 4.0  # weight of rates carried from an earlier session: a prior that new text overrides in a few steps
 # (target, drafter) -> rates an earlier budget of this process learned: a new session (the TUI's, a bench
@@ -149,6 +150,7 @@ class AutoBudget(BudgetBase):
         self._realized = (0.0, 0.0, 0.0)  # drafting steps: tokens, cost in plain steps, steps (each forgotten)
         self._room = 0  # the last plan's room: a larger one starts a new request
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
+        self._probe_due: int | None = None  # a verify probe's wait before it was doubled, until it drafts
         # a weak prior, two trials' worth each: [successes, failures]
         self._first = [2 * prior_alpha, 2 * (1 - prior_alpha)]
         self._next = [2 * prior_alpha, 2 * (1 - prior_alpha)]
@@ -441,10 +443,12 @@ class AutoBudget(BudgetBase):
         self._step_evidence = None
         if self.lost:
             return self._plain_while_lost()
-        if self._classes and self.c * self.k_max < FREE and self._best(self.alpha) > 0:
-            # a free drafter that classifies its drafts, on text where drafting pays: let it propose all it
-            # can, fit sizes the draft by its class. Where the pooled rates say plain (prose), the steps stay
-            # plain and look back: sizing by class there drafted 80 tokens at 2% acceptance (0.93x of plain)
+        if self._classes and self.c * self.k_max < FREE and self._some_class_pays():
+            # a free drafter that classifies its drafts, on text where some class's drafts pay: let it propose
+            # all it can, fit sizes the draft by its class. Where no class pays (prose), the steps stay plain
+            # and look back: sizing by class there drafted 80 tokens at 2% acceptance (0.93x of plain). Not
+            # the pooled rates: weak one-token matches dilute them, and on rag-521 (SmolLM2, a 43-token answer)
+            # they priced out the 2-token matches that held 7 of 9 times, 0.97x of plain where K = 2 ran 1.45x
             self.k = self.k_max
             return self._decide(self.k, "cap")
         self.k = self._best(self.alpha)
@@ -473,7 +477,7 @@ class AutoBudget(BudgetBase):
             self._since_probe, self._probe_wait = 0, self.probe_every
             self.k = self._probe_size()
         elif self._since_probe >= self._probe_wait:
-            self._advance_probe_schedule()
+            self._advance_probe_schedule(verify=True)
             self.k = self._probe_size()
         return self._decide(self.k, "probe" if self.k else "plain")
 
@@ -544,11 +548,19 @@ class AutoBudget(BudgetBase):
         self.k = min(best, k)
         return self._decide(self.k, reason, rates, evidence, c=c)
 
+    def _some_class_pays(self) -> bool:
+        """Some evidence class's point rates price a draft above plain decoding (fit would draft it)."""
+        return any(self._best(f[0] / sum(f), n[0] / sum(n)) > 0 for f, n in self._classes.values())
+
     def _longer(self, k: int, alpha: float, g: float, nxt: list[float], c: float) -> int:
-        """For k > 0 and a continuation `nxt` ([held, not held]) of under THIN_TRIALS trials, the K that pays
-        best at its optimistic value among those the point rates price within EXPLORE_COST of k's (and above
-        plain); else k. Thicker evidence is not explored: a class that holds two tokens and never a third
-        would otherwise draft ~9 at a 10% loss for good.
+        """For k > 0 and a continuation `nxt` ([held, not held]) of under THIN_TRIALS trials, k + 1 where that
+        pays better at the continuation's optimistic value and the point rates price it within EXPLORE_COST of
+        k's (and above plain); else k. Thicker evidence is not explored: a class that holds two tokens and
+        never a third would otherwise draft ~9 at a 10% loss for good. One token further, not to where the
+        optimistic value peaks: a held token thickens the continuation and the point rates size the next
+        draft, while the peak of a continuation one held draft left at 0.98 was 10-11 tokens, which
+        SmolLM2's n-gram drafted on rag-521 and rag-547 at 25-63% first-token acceptance and lost whole
+        (a 10-token verify costs ~1.9 plain steps at their 750-820-token contexts).
 
         A class's continuation is learned only from its drafts' second and later tokens, so short drafts keep
         it at its prior: translation-201 (SmolLM2 + n-gram) drafted K = 2 at 74-84% first-token acceptance for
@@ -562,7 +574,7 @@ class AutoBudget(BudgetBase):
         floor = max(1.0, EXPLORE_COST * expected_speedup(alpha, k, c, self.ratio, g))
         near = [m for m in range(1, self.k_max + 1) if expected_speedup(alpha, m, c, self.ratio, g) >= floor]
         hoped = {m: expected_speedup(alpha, m, c, self.ratio, hopeful) for m in near}
-        return max(k, max(hoped, key=lambda m: (hoped[m], -m)))
+        return max(k, min(k + 1, max(hoped, key=lambda m: (hoped[m], -m))))
 
     def _hold_rates(self) -> tuple[float, ...]:
         """ChainStop.hold: each tenth of confidence's hold rate plus one standard error (a tenth never verified
@@ -598,26 +610,35 @@ class AutoBudget(BudgetBase):
         if self._since_probe < self._probe_wait:
             self.k = 0
             return self._decide(0, "lost")
-        self._advance_probe_schedule()  # the next probe waits twice as long unless this one wins
+        self._advance_probe_schedule(verify=True)  # the next probe waits twice as long unless this one wins
         self.hindsight_k = 0
         self.k = max(self.probe_k, self._best(self.alpha))
         return self._decide(self.k, "probe")
 
-    def _realize(self, drafted: int, accepted: int, draft_s: float | None, verify_s: float | None) -> None:
-        """Count one drafting step's tokens and its seconds in plain steps' units (`realized`)."""
+    def _realize(self, accepted: int, draft_s: float | None, verify_s: float | None, fed: int) -> None:
+        """Count one drafting step's tokens and its seconds in plain steps' units (`realized`); `fed`: the
+        tokens its verify scored."""
         plain = self._seconds.get(1)
-        if not drafted or not verify_s or not plain or len(plain) < PLAIN_TIMINGS or self._batch_curve is not None:
+        if not verify_s or not plain or len(plain) < PLAIN_TIMINGS or self._batch_curve is not None:
             return  # a batched step's seconds are the shared forward's: not in units of this row's plain step
-        cost = (verify_s + (draft_s or 0.0)) / statistics.median(plain)
+        t1 = statistics.median(plain)
+        priced = self._curve[min(fed, max(self._curve))]
+        # one step descheduled (another process, a page fault) is no price of drafting: on rag-521 a 4-token
+        # verify took 0.43 s, six plain steps, among five drafting steps, and the guard kept the rest of the
+        # answer plain while its look backs accepted 60-70%. The curve's medians ignore such a step; so does this
+        verify = verify_s if verify_s <= DESCHEDULED * priced * t1 else priced * t1
+        cost = (verify + (draft_s or 0.0)) / t1
         won, spent, steps = self._realized
         f = self.forget
         self._realized = (f * won + accepted + 1, f * spent + cost, f * steps + 1)
 
-    def _advance_probe_schedule(self) -> None:
-        """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long."""
+    def _advance_probe_schedule(self, verify: bool = False) -> None:
+        """A probe is taken while K is 0: if it leaves K at 0, the next one waits twice as long. A `verify`
+        probe may find nothing to draft (observe then puts the schedule back)."""
         w = self._probe_wait
         self._since_probe = 0
         self._probe_wait = self.probe_every if w < self.probe_every else min(2 * w, self.probe_max)
+        self._probe_due = w if verify else None
 
     def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         """The drafter guessed `checked` tokens the target had already emitted, the first `matched` right
@@ -641,13 +662,22 @@ class AutoBudget(BudgetBase):
     ) -> None:
         """`verified`: tokens the verify fed after the root when not `drafted` (a token tree's nodes)."""
         fed = (drafted if verified is None else verified) + 1
+        if drafted:  # before the curve takes this step's seconds: a step is judged by the price it was planned at
+            self._realize(accepted, draft_s, verify_s, fed)
         if verify_s:
             self._observe_verify(fed, verify_s)
         evidence, self._step_evidence = self._step_evidence, None
+        due, self._probe_due = self._probe_due, None
         if drafted == 0:
             self._drafted_before = False
+            if due is not None and self.c * self.probe_k < FREE:
+                # a free drafter's probe that drafted nothing (no n-gram match, or a class that does not pay)
+                # tested nothing and cost nothing: the next step probes again at the wait it had. Counted as
+                # probes, two empty ones on mt_bench-147 (SmolLM2) doubled the wait to 64 steps, and the
+                # answer's last 90 tokens were plain while its look backs said 2-token drafts paid (fixed
+                # K = 2 1.2x, auto 1.0x)
+                self._probe_wait, self._since_probe = due, due
             return  # nothing proposed (e.g. no n-gram match): no evidence either way
-        self._realize(drafted, accepted, draft_s, verify_s)
         if self._lookup_drafts and self._drafter is not None and self._drafter.last_evidence is not None:
             # a lookup draft beside a model (read from the drafter: an override step skips fit): its class
             # learns; the model's rates, its cost c and the chain stop's rate S do not (a free step's tokens
