@@ -5,7 +5,7 @@ pipeline hands observe), a fixed cost curve; nothing is timed."""
 
 from __future__ import annotations
 
-from specpipe.budgets.auto import LOSS_MARGIN, AutoBudget, _monotone
+from specpipe.budgets.auto import CARRY_TRIALS, LOSS_MARGIN, AutoBudget, _monotone
 
 FLAT = {n: 1.0 + 0.02 * n for n in range(1, 34)}  # the calibration says a verify is nearly free
 T1 = 0.1  # a plain step's seconds
@@ -78,6 +78,37 @@ def test_a_new_request_is_judged_on_its_own_steps():
     assert b.lost
     k = b.plan(cache_len=60, room=1000).k  # the next question: room went back up
     assert not b.lost and k > 0 and b.decision.reason != "lost"
+
+
+def test_a_new_request_starts_from_the_last_ones_rates_as_a_light_prior():
+    """SmolLM2 + n-gram on Spec-Bench: rag-547 started from the alpha (0.5-0.64) earlier questions had left at
+    full weight, drafted 3-7 tokens that mostly missed, and the guard took the rest of its 35-token answer plain
+    (1.01x, K = 2 1.24x). A new request's text overrides the last one's rates in a few steps, as a new
+    session's does."""
+    b = budget()
+    _plain(b)
+    run(b, 40, lambda k: 1.2 * T1, lambda k: k, room=1000)  # the last question: every draft held
+    assert b.alpha > 0.9
+    b.plan(cache_len=60, room=1000)  # the next question: room went back up
+    assert sum(b._first) <= CARRY_TRIALS + 1e-9
+    for _ in range(4):  # its first four drafts miss
+        b.observe(4, 0, draft_s=0.0, verify_s=1.3 * T1)
+    assert b.alpha < 0.5  # at the last request's full weight (~10 steps) it would still read 0.62
+
+
+def test_a_new_request_probes_at_once_whatever_wait_the_last_one_reached():
+    steep = {n: 1.0 + 0.3 * (n - 1) for n in range(1, 34)}  # a verify costs: at alpha ~0 the cost model says plain
+    b = AutoBudget(k_max=16, prior_alpha=0.8)
+    b.ratio, b.c = steep, 0.0
+    ks = []
+    for i in range(300):  # the last question: nothing drafted held, each probe waited twice as long
+        k = b.plan(cache_len=100 + i, room=1000 - i).k
+        ks.append(k)
+        b.observe(k, 0, draft_s=0.0, verify_s=T1 * steep[k + 1])
+    drafting = [i for i, k in enumerate(ks) if k]
+    assert max(j - i for i, j in zip(drafting, drafting[1:])) >= 4 * b.probe_every, ks
+    first = [b.plan(cache_len=60 + i, room=1000 - i).k for i in range(2)]  # the next question
+    assert any(first), first
 
 
 def test_a_free_drafter_still_looks_back_while_drafting_loses():
