@@ -137,13 +137,7 @@ def test_a_free_probe_that_found_nothing_to_draft_is_taken_again_at_the_next_ste
     """mt_bench-147 (SmolLM2 + n-gram): the guard's two probes fell where the n-gram matched nothing, each
     doubled the wait, and the answer's last 90 tokens were plain while 2-token drafts paid (K = 2 1.2x)."""
     b = budget(hindsight=True)
-    _plain(b)
-    run(b, 40, lambda k: 3 * T1, lambda k: 1)
-    assert b.lost
-    ks = []
-    for i in range(2 * b.probe_max):
-        ks.append(b.plan(cache_len=200 + i, room=900 - i).k)
-        b.observe(0, 0, draft_s=0.0, verify_s=T1)  # nothing matched: nothing drafted
+    ks = _lost_then_nothing_to_draft(b)
     probes = [i for i, k in enumerate(ks) if k]
     assert probes and probes == list(range(probes[0], len(ks))), ks  # each step probes until one drafts
     wait = b._probe_wait
@@ -153,14 +147,20 @@ def test_a_free_probe_that_found_nothing_to_draft_is_taken_again_at_the_next_ste
 
     model = budget()  # a drafter whose tokens cost: a probe it did not draft is not repeated every step
     model.c = 0.3
-    _plain(model)
-    run(model, 40, lambda k: 3 * T1, lambda k: 1)
-    assert model.lost
-    ks = []
-    for i in range(2 * model.probe_max):
-        ks.append(model.plan(cache_len=200 + i, room=900 - i).k)
-        model.observe(0, 0, draft_s=0.0, verify_s=T1)
+    ks = _lost_then_nothing_to_draft(model)
     assert sum(1 for k in ks if k) <= 4, ks
+
+
+def _lost_then_nothing_to_draft(b: AutoBudget) -> list[int]:
+    """Drafting lost (the guard engaged), then 2 * probe_max steps where the drafter had nothing to draft."""
+    _plain(b)
+    run(b, 40, lambda k: 3 * T1, lambda k: 1)
+    assert b.lost
+    ks = []
+    for i in range(2 * b.probe_max):
+        ks.append(b.plan(cache_len=200 + i, room=900 - i).k)
+        b.observe(0, 0, draft_s=0.0, verify_s=T1)  # nothing matched: nothing drafted
+    return ks
 
 
 def _plain(b: AutoBudget) -> None:
