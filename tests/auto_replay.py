@@ -63,8 +63,6 @@ class FakeDrafter:
         self.supports_hindsight = s.kind in ("ngram", "lookup")
         self.evidence_is_free = s.kind == "lookup"
         self.cost_per_token = s.c
-        self.last_evidence: int | None = None
-        self.last_tops: list[float] = []
 
 
 def _batch_price(rng: random.Random) -> dict[int, float]:
@@ -73,19 +71,13 @@ def _batch_price(rng: random.Random) -> dict[int, float]:
 
 
 def _session(budget: AutoBudget, drafter: FakeDrafter, s: Scenario, rng: random.Random, out: list) -> None:
-    batched_api = hasattr(budget, "price_batch")  # the recording was taken on the one-class budget
     for max_tokens in s.requests:
-        if hasattr(budget, "start_request"):
-            budget.start_request()
+        budget.start_request()
         emitted, cache_len = 0, rng.choice([60, 1100])
         while emitted < max_tokens:
             room = max_tokens - emitted - 1
             price = _batch_price(rng) if s.batched and rng.random() < 0.5 else None
-            if batched_api:
-                budget.price_batch(price)
-                plan = budget.plan(cache_len, room)
-            else:
-                plan = budget.plan(cache_len, room, price=price)
+            plan = budget.plan(cache_len, room, price=price)
             out.append(_record("plan", plan))
             lookup_k = plan.lookup_k if drafter.evidence_is_free else 0
             want = max(plan.k, lookup_k)
@@ -93,14 +85,12 @@ def _session(budget: AutoBudget, drafter: FakeDrafter, s: Scenario, rng: random.
             evidence = rng.choice([1, 2, 3, 4]) if tokens and s.kind in ("ngram", "lookup") else None
             from_lookup = evidence is not None
             tops = [] if from_lookup or plan.chain_stop is None else [rng.uniform(0.05, 1.0) for _ in range(tokens)]
-            drafter.last_evidence, drafter.last_tops = evidence, tops
-            draft = Draft(token_ids=list(range(tokens)), evidence=evidence, tops=tops) if not batched_api else None
+            draft = Draft(token_ids=list(range(tokens)), evidence=evidence, tops=tops)
             if tokens and evidence is not None and plan.fit:
                 plan = budget.fit(plan, evidence, min(want, tokens))
                 out.append(_record("fit", plan))
             drafted = min(max(plan.k, 0), tokens)
-            if draft is not None:
-                draft.token_ids = draft.token_ids[:drafted]
+            draft.token_ids = draft.token_ids[:drafted]
             if drafted == 0 and plan.hindsight_k and emitted and drafter.supports_hindsight:
                 m = min(plan.hindsight_k, emitted)
                 matched = sum(1 for _ in iter(lambda: rng.random() < s.acceptance, False))
@@ -112,11 +102,8 @@ def _session(budget: AutoBudget, drafter: FakeDrafter, s: Scenario, rng: random.
             t1 = 0.05 * rng.uniform(0.9, 1.1) * (3.0 if rng.random() < 0.05 else 1.0)  # now and then descheduled
             verify_s = t1 * CURVE[min(drafted + 1, 33)]
             draft_s = s.c * t1 * max(drafted, len(tops)) * rng.uniform(0.8, 1.2) if drafted else 0.0
-            if batched_api:
-                budget.observe(drafted, accepted, draft_s=draft_s, verify_s=verify_s)
-            else:
-                shared = price is not None
-                budget.observe(drafted, accepted, draft_s=draft_s, verify_s=None if shared else verify_s, draft=draft)
+            shared = price is not None  # a batched row's verify seconds are the shared forward's: none of its own
+            budget.observe(drafted, accepted, draft_s=draft_s, verify_s=None if shared else verify_s, draft=draft)
             step = min(accepted + 1, max_tokens - emitted)
             emitted += step
             cache_len += step

@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # annotations only: drafters/chain.py imports mlx
     from specpipe.trees.shape import TreeShape
 
 
+# The longest chain a step drafts, whoever asks (a budget's k / k_max, a request's specpipe.k, the chat's K key):
+# the verify cost curves are calibrated up to T(K_MAX + 1) (costmodel/calibration.py QUICK_POINTS).
+K_MAX = 32
+
+
 @dataclass(frozen=True, slots=True)
 class StepPlan:
     """One row's step, as its budget planned it.
@@ -63,3 +68,16 @@ class StepPlan:
         if self.k <= room and self.lookup_k <= room:
             return self
         return replace(self, k=min(self.k, room), lookup_k=min(self.lookup_k, room))
+
+
+@dataclass
+class RunControl:
+    """Knobs another thread (the TUI) may turn while a run is going; here, beside the plans they override, so a
+    consumer that turns them imports no mlx.
+
+    stop_requested: finish after the current step (stop_reason "stopped").
+    k: draft budget override for the next steps (None: ask the budget).
+    """
+
+    stop_requested: bool = False
+    k: int | None = None
