@@ -44,3 +44,21 @@ def test_nothing_pushes_a_price_into_a_budget_between_calls():
         and getattr(node, "attr", getattr(node, "name", "")) == "price_batch"
     ]
     assert not found, "the batch's price is an argument of Budget.plan:\n" + "\n".join(found)
+
+
+def test_the_drivers_reach_a_budget_through_its_protocol_not_by_probing():
+    """core/, batch/, serve/ and trees/ read a budget's members the Budget protocol declares (context_curve
+    included, None where a budget does not price), never `getattr(budget, ...)` / `hasattr(budget, ...)`."""
+    drivers = [p for p in SOURCES if p.parent.name in ("core", "batch", "serve", "trees")]
+    found = []
+    for path in drivers:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+            ):
+                probed = ast.unparse(node.args[0]) if node.args else ""
+                if "budget" in probed:
+                    found.append(f"{_where(path, node)}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     from specpipe.core.plan import StepPlan
     from specpipe.core.stages.compare import Verdict
     from specpipe.core.stages.draft import Draft
+    from specpipe.costmodel.context_curve import ContextCurve
     from specpipe.engine.engine import Capture, Engine
     from specpipe.engine.recurrent import StateCapture
     from specpipe.trees.drafting import TreeDraft
@@ -241,6 +242,11 @@ class Budget(Protocol):
     def draft_cost(self) -> float:
         """One drafted token's cost in target forwards, as the budget measured it (0 where it does not price)."""
 
+    @property
+    def context_curve(self) -> ContextCurve | None:
+        """The verify cost curve by cache length it prices by (auto), which an idle refinement times further;
+        None where it prices nothing."""
+
 
 class BudgetBase:
     """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor.
@@ -286,6 +292,10 @@ class BudgetBase:
     @property
     def draft_cost(self) -> float:
         return 0.0
+
+    @property
+    def context_curve(self) -> ContextCurve | None:
+        return None  # K is not priced by cache length
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus
