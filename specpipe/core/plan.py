@@ -1,8 +1,9 @@
 """A step's plan: everything a budget decides for one row before its drafter proposes.
 
-Contract: `Budget.plan(cache_len, room)` returns a StepPlan; the drafter reads its draft length and limits
-from it (`Drafter.propose(context_ids, plan)`), the step reads how to look back and what to log. A plan is
-frozen: a budget that resizes the draft in hand (`Budget.fit`) returns a new one. Nothing here imports mlx.
+Contract: `Budget.plan(cache_len, room, price=)` returns a StepPlan; the drafter reads its draft length and
+limits from it (`Drafter.propose(context_ids, plan)`), the step reads how to look back and what to log. A plan
+is frozen: a budget that resizes the draft in hand (`Budget.fit`) returns a new one. Beside it: K_MAX, every
+K's one cap, and RunControl, the knobs that override plans from another thread. Nothing here imports mlx.
 """
 
 from __future__ import annotations
