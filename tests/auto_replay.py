@@ -30,7 +30,8 @@ class Scenario:
     """One kind of drafter and what its drafts do.
 
     kind: "ngram" (free, classes its drafts, looks back), "model" (a cost per token, chain tops for the
-        stop), "lookup" (a model with a free prompt lookup in front that classes its drafts and looks back).
+        stop), "lookup" (a model with a free prompt lookup in front that classes its drafts and looks back),
+        "mtp" (a head on the target: a cost per token, chain tops, looks back one head forward at a time).
     acceptance: chance that each drafted token holds, given the one before did.
     batched: every other step the row shares a batched forward priced by a synthetic curve.
     """
@@ -52,15 +53,16 @@ SCENARIOS = (
     Scenario("lookup-chain", "lookup", 0.25, 0.6, 5),
     Scenario("ngram-batched", "ngram", 0.0, 0.7, 6, batched=True),
     Scenario("model-batched", "model", 0.3, 0.7, 7, batched=True),
+    Scenario("mtp-head", "mtp", 0.15, 0.5, 8),
 )
 
 
 class FakeDrafter:
     def __init__(self, s: Scenario):
         self.name = f"fake-{s.kind}"
-        self.engine = None if s.kind == "ngram" else SimpleNamespace(info=SimpleNamespace(name="draft-model"))
+        self.engine = None if s.kind in ("ngram", "mtp") else SimpleNamespace(info=SimpleNamespace(name="draft-model"))
         self.head_rows = None
-        self.supports_hindsight = s.kind in ("ngram", "lookup")
+        self.supports_hindsight = s.kind in ("ngram", "lookup", "mtp")
         self.evidence_is_free = s.kind == "lookup"
         self.cost_per_token = s.c
 

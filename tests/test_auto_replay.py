@@ -1,7 +1,7 @@
 """budget=auto plans exactly as it did before it was split into rates, costs and a policy.
 
 tests/data/auto_plans.json holds every plan (and every `fit` of a draft in hand) the one-class AutoBudget
-returned on seven synthetic runs (tests/auto_replay.py: n-gram, draft model and lookup-beside-a-model
+returned on eight synthetic runs (tests/auto_replay.py: n-gram, draft model, MTP head and lookup-beside-a-model
 drafters, good and poor acceptance, batched rows, several requests and a second session carrying the
 first one's rates). Timings are injected, so the comparison needs no quiet machine."""
 
