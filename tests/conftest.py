@@ -53,9 +53,9 @@ def fresh_auto_memory(monkeypatch):
     AutoBudget carries what a session learned to the next one with the same target and drafter (a light
     prior); across tests that made results depend on which files ran before (the chain-stop cut test failed
     after test_auto_evidence, test_bench and test_budgets together, on a fresh HOME)."""
-    import specpipe.budgets.auto as auto_module
+    import specpipe.budgets.rates as rates
 
-    monkeypatch.setattr(auto_module, "_LEARNED", {})
+    monkeypatch.setattr(rates, "LEARNED", {})
 
 
 @pytest.fixture(scope="session")

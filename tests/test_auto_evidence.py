@@ -50,7 +50,7 @@ def test_a_new_class_starts_from_the_pooled_rates_and_a_free_draft_is_never_one_
     pooled = (b.alpha, b.continuation)
     b.next_k()
     k = b.fit_k(3, 16)  # never seen: priced on the pooled rates (its continuation thin: tested long, test_auto_sizing)
-    first, nxt = b._class(3)
+    first, nxt = b.rates.of_class(3)
     assert (first[0] / sum(first), nxt[0] / sum(nxt)) == (pytest.approx(pooled[0]), pytest.approx(pooled[1]))
     assert b.decision.alpha == round(pooled[0], 4) and b.decision.continuation >= round(pooled[1], 4)
     assert k != 1

@@ -5,7 +5,8 @@ pipeline hands observe), a fixed cost curve; nothing is timed."""
 
 from __future__ import annotations
 
-from specpipe.budgets.auto import CARRY_TRIALS, LOSS_MARGIN, AutoBudget, _monotone
+from specpipe.budgets.auto import CARRY_TRIALS, LOSS_MARGIN, AutoBudget
+from specpipe.budgets.costs import monotone
 
 FLAT = {n: 1.0 + 0.02 * n for n in range(1, 34)}  # the calibration says a verify is nearly free
 T1 = 0.1  # a plain step's seconds
@@ -32,7 +33,7 @@ def run(b: AutoBudget, steps: int, step_s, accepted, room: int = 1000) -> list[i
             b.observe(0, 0, draft_s=0.0, verify_s=T1)
         else:
             b.observe(k, accepted(k), draft_s=0.0, verify_s=step_s(k))
-        b._curve = _monotone(FLAT)
+        b.costs.curve = monotone(FLAT)
     return ks
 
 
@@ -76,7 +77,8 @@ def test_a_new_request_is_judged_on_its_own_steps():
     _plain(b)
     run(b, 40, lambda k: 3 * T1, lambda k: 1, room=1000)
     assert b.lost
-    k = b.plan(cache_len=60, room=1000).k  # the next question: room went back up
+    b.start_request()  # the next question
+    k = b.plan(cache_len=60, room=1000).k
     assert not b.lost and k > 0 and b.decision.reason != "lost"
 
 
@@ -89,8 +91,9 @@ def test_a_new_request_starts_from_the_last_ones_rates_as_a_light_prior():
     _plain(b)
     run(b, 40, lambda k: 1.2 * T1, lambda k: k, room=1000)  # the last question: every draft held
     assert b.alpha > 0.9
-    b.plan(cache_len=60, room=1000)  # the next question: room went back up
-    assert sum(b._first) <= CARRY_TRIALS + 1e-9
+    b.start_request()  # the next question
+    b.plan(cache_len=60, room=1000)
+    assert sum(b.rates.first) <= CARRY_TRIALS + 1e-9
     for _ in range(4):  # its first four drafts miss
         b.observe(4, 0, draft_s=0.0, verify_s=1.3 * T1)
     assert b.alpha < 0.5  # at the last request's full weight (~10 steps) it would still read 0.62
@@ -107,7 +110,8 @@ def test_a_new_request_probes_at_once_whatever_wait_the_last_one_reached():
         b.observe(k, 0, draft_s=0.0, verify_s=T1 * steep[k + 1])
     drafting = [i for i, k in enumerate(ks) if k]
     assert max(j - i for i, j in zip(drafting, drafting[1:])) >= 4 * b.probe_every, ks
-    first = [b.plan(cache_len=60 + i, room=1000 - i).k for i in range(2)]  # the next question
+    b.start_request()  # the next question
+    first = [b.plan(cache_len=60 + i, room=1000 - i).k for i in range(2)]
     assert any(first), first
 
 

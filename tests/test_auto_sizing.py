@@ -43,7 +43,7 @@ def test_the_longer_draft_is_taken_only_where_its_point_price_is_near_the_best()
     b = free_budget(ONE_THREAD)
     b.next_k()
     k = b.fit_k(4, 16)
-    first, nxt = b._class(4)
+    first, nxt = b.rates.of_class(4)
     alpha, g = first[0] / sum(first), nxt[0] / sum(nxt)
     short = b._best(alpha, g)
     assert k > short and b.decision.reason == "probe"  # a probe of the continuation, said so in the event
@@ -53,7 +53,7 @@ def test_the_longer_draft_is_taken_only_where_its_point_price_is_near_the_best()
     assert expected_speedup(alpha, k, 0.0, b.ratio, g) >= 0.9 * expected_speedup(alpha, short, 0.0, b.ratio, g)
 
     steep = free_budget(STEEP)
-    steep._first = [9.0, 1.0]  # first tokens nearly always hold, the continuation unknown
+    steep.rates.first = [9.0, 1.0]  # first tokens nearly always hold, the continuation unknown
     steep.next_k()
     assert steep.fit_k(4, 16) == steep._best(*_class_rates(steep, 4))  # a long draft costs steps: no exploring
 
@@ -69,5 +69,5 @@ def test_exploring_ends_once_the_continuation_has_been_tried():
 
 
 def _class_rates(b: AutoBudget, evidence: int) -> tuple[float, float]:
-    first, nxt = b._class(evidence)
+    first, nxt = b.rates.of_class(evidence)
     return first[0] / sum(first), nxt[0] / sum(nxt)

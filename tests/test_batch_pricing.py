@@ -5,6 +5,8 @@ draft=none's tokens alone (tiny random llama, n-gram, real forwards)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hydra import compose, initialize
@@ -83,25 +85,35 @@ def test_a_dear_batch_decodes_plain_and_a_cheap_one_drafts(session):
     assert cheap["batched"] > 0, cheap
 
 
-def test_a_batched_rows_draft_cost_is_not_learned_from_the_shared_forward():
-    """A batched row's verify seconds are the shared forward's: they imply no T(1) of the row, so its draft cost c
-    stays what it learned alone. (A probe past the batch's width, priced BEYOND there, once implied a T(1) of
-    microseconds: c grew 0.27 -> 2e5 over a served sitting and the rows probed every step.)"""
-    from specpipe.batch.pricing import BEYOND
+def test_a_batched_rows_draft_cost_is_not_learned_from_the_shared_forward(session):
+    """A batched row's verify seconds are the shared forward's: they imply no T(1) of the row, so the step hands
+    its budget none, and its draft cost c stays what it learned alone. (A probe past the batch's width, priced
+    BEYOND there, once implied a T(1) of microseconds: c grew 0.27 -> 2e5 over a served sitting.)"""
     from specpipe.budgets.auto import AutoBudget
 
-    budget = AutoBudget()
-    budget.ratio = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 34)}
-    budget.c = 0.27
-    budget.observe(2, 2, draft_s=0.05, verify_s=0.5)  # a drafting step alone: the next one may teach c
-    alone = budget.c
-    budget.price_batch({n: 1.0 if n <= 1 else BEYOND for n in range(1, 34)})  # the batch decodes plain
-    for _ in range(5):
-        budget.observe(2, 2, draft_s=0.05, verify_s=0.5)  # the row probes 2 tokens past the batch's width
-    assert budget.c == alone
-    budget.price_batch(None)  # alone again: its own verifies teach c as before
-    budget.observe(2, 2, draft_s=0.05, verify_s=0.5)
-    assert budget.c != alone and budget.c < 1.0
+    seen: dict[str, list] = {"batched": [], "alone": []}
+
+    class Watched(AutoBudget):  # the real budget, recording what the step reports to it
+        def observe(self, drafted, accepted, **kw):
+            if drafted:
+                seen["batched" if self.costs.batch_width is not None else "alone"].append(kw["verify_s"])
+            super().observe(drafted, accepted, **kw)
+
+    plugins = session_plugins(session)
+
+    def watched(*args, **kw):
+        p = plugins(*args, **kw)
+        budget = Watched(k_max=4)
+        budget.prepare(session.target, p.drafter)
+        return replace(p, budget=budget)
+
+    decoder = BatchDecoder(session.target, watched, pricing=BatchPricing(_table(0.01)))
+    for text, m in zip(TEXTS, MAX_TOKENS):
+        decoder.add(session.target.encode_prompt(text, chat=False), m)
+    while decoder.rows:
+        decoder.step()
+    assert seen["batched"] and all(s is None for s in seen["batched"]), seen
+    assert all(s is not None for s in seen["alone"]), seen
 
 
 def test_a_batched_row_never_drafts_past_the_batchs_width_not_even_a_probe():
@@ -122,9 +134,9 @@ def test_a_batched_row_never_drafts_past_the_batchs_width_not_even_a_probe():
     alone = budget_after_a_held_probe()
     assert alone.plan(12, 100).k > 0, "alone, the row drafts (or probes) on"
     batched = budget_after_a_held_probe()
-    batched.price_batch({n: 1.0 if n <= 1 else BEYOND for n in range(1, 34)})  # the batch decodes plain
+    plain = {n: 1.0 if n <= 1 else BEYOND for n in range(1, 34)}  # the batch decodes plain
     for _ in range(4):
-        plan = batched.plan(12, 100)
+        plan = batched.plan(12, 100, price=plain)
         assert plan.k == 0 and not plan.probe and plan.decision.reason in ("plain", "batch width"), plan
-    batched.price_batch({n: 1.0 if n <= 3 else BEYOND for n in range(1, 34)})  # the batch drafts 2
-    assert 0 < batched.plan(12, 100).k <= 2
+    two = {n: 1.0 if n <= 3 else BEYOND for n in range(1, 34)}  # the batch drafts 2
+    assert 0 < batched.plan(12, 100, price=two).k <= 2

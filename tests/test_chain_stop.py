@@ -12,6 +12,7 @@ from specpipe.budgets.auto import AutoBudget
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.calibration import interpolate
 from specpipe.drafters.chain import BUCKETS, ChainStop, chain
 from specpipe.events import Drafted
@@ -72,21 +73,17 @@ def test_hold_rates_learn_where_the_drafts_confidence_fails():
     standard error): nothing is cut for lack of data. After chains at confidence 0.36 kept failing and
     chains at 0.9 kept holding, the stop cuts the first and keeps the second."""
 
-    class Drafter:
-        last_tops: list[float] = []
-        evidence_is_free = False
-
     b = AutoBudget(k_max=16)
     b.ratio = interpolate({1: 1.0, 2: 1.02, 3: 1.29, 5: 1.22, 9: 1.43, 17: 1.76, 33: 2.6})
-    b.c, b._first, b._next, b._drafter = 0.30, [9.0, 1.0], [9.0, 1.0], Drafter()
+    b.c, b.rates.first, b.rates.next = 0.30, [9.0, 1.0], [9.0, 1.0]
     b.next_k()
-    before, floor = b._hold_rates(), b.chain_stop.floor
+    before, floor = b.rates.hold_rates(), b.chain_stop.floor
     assert before[3] > floor > 0.3
     for _ in range(12):
         b.next_k()
-        Drafter.last_tops = [0.9, 0.4]  # chain confidence 0.9, then 0.36
-        b.observe(2, 1)  # the first held, the second did not
-    after = b._hold_rates()
+        draft = Draft(token_ids=[5, 6], tops=[0.9, 0.4])  # chain confidence 0.9, then 0.36
+        b.observe(2, 1, draft=draft)  # the first held, the second did not
+    after = b.rates.hold_rates()
     assert after[3] < b.chain_stop.floor and after[9] > 0.9
     assert list(after) == sorted(after)  # never falls as the confidence rises
 
@@ -94,7 +91,7 @@ def test_hold_rates_learn_where_the_drafts_confidence_fails():
 def test_a_free_drafter_gets_no_stop():
     b = AutoBudget(k_max=16)
     b.ratio = {n: 1.0 + 0.02 * (n - 1) for n in range(1, 34)}
-    b.c, b._first = 0.0, [9.0, 1.0]
+    b.c, b.rates.first = 0.0, [9.0, 1.0]
     assert b.next_k() > 0 and b.chain_stop is None and b.decision.floor == 0.0
 
 
@@ -104,9 +101,9 @@ class PinnedCosts(AutoBudget):
     (a full run of the suite: no draft to cut). The rates and the chain stop still learn as in a run."""
 
     def observe(self, *args, **kwargs) -> None:
-        c, curve = self.c, self._curve
+        c, curve = self.c, self.costs.curve
         super().observe(*args, **kwargs)
-        self.c, self._curve = c, curve
+        self.c, self.costs.curve = c, curve
 
 
 def test_auto_cuts_drafts_and_stays_lossless(tmp_path, monkeypatch):
@@ -121,7 +118,7 @@ def test_auto_cuts_drafts_and_stays_lossless(tmp_path, monkeypatch):
     budget = prepared(PinnedCosts(k_max=8), target, drafter)
     budget.ratio = {n: 1.0 + 0.02 * (n - 1) for n in range(1, 34)}  # not this run's millisecond timings
     # drafting pays (K > 1), and a draft token costs enough that an unsure one is not worth its forward
-    budget.c, budget._first, budget._next = 0.3, [9.0, 1.0], [9.0, 1.0]
+    budget.c, budget.rates.first, budget.rates.next = 0.3, [9.0, 1.0], [9.0, 1.0]
     pipe = SpeculativePipeline(target, drafter, budget, GreedyComparator(), TrimRollback(), GreedyBonus())
     events = list(pipe.run(prompt, 40, stop_ids=set()))
     assert events[-1].token_ids == baseline

@@ -52,7 +52,7 @@ def test_curve_is_the_base_below_the_first_context_then_interpolated_then_flat()
 def test_auto_drafts_less_when_the_long_context_verify_is_steep():
     budget = AutoBudget(k_max=16, prior_alpha=0.7)
     budget.ratio, budget.c = SHORT, 0.0
-    budget._context = curve_with({1024: STEEP, 8128: STEEP})
+    budget.costs.context = curve_with({1024: STEEP, 8128: STEEP})
     budget.at_context(100)
     short_k = budget.next_k()
     budget.at_context(6000)

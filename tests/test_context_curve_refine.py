@@ -71,7 +71,7 @@ def test_each_check_lets_at_most_one_forward_run_and_a_stopped_refinement_resume
 def test_a_finished_length_is_merged_and_the_budget_prices_from_it_at_once(engine):
     budget = AutoBudget()
     budget.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 34)}
-    budget._context = ContextCurve(engine)
+    budget.costs.context = ContextCurve(engine)
     budget.at_context(700)
     assert budget.context_curve.source == "modelled"
     path = curve_path(engine)

@@ -85,8 +85,8 @@ def test_the_modelled_curve_steepens_with_the_context_and_prices_shorter_drafts(
     assert base[17] < near[17] < far[17]  # a long draft's verify costs relatively more at long context
     budget = AutoBudget(k_max=16, prior_alpha=0.7)
     budget.ratio, budget.c = base, 0.0
-    budget._context = cc.ContextCurve(engine)
-    budget._context._read = True  # no cached curves: the model prices
+    budget.costs.context = cc.ContextCurve(engine)
+    budget.costs.context._read = True  # no cached curves: the model prices
     budget.at_context(100)
     short_k = budget.next_k()
     budget.at_context(60_000)

@@ -161,7 +161,7 @@ def test_auto_carries_rates_to_the_next_session_with_the_same_pair(pair, tmp_pat
     second = prepared(AutoBudget(), target, drafter)
     assert second.alpha > fresh[0] and second.continuation > 0.9 and second.c == pytest.approx(first.c)
     # carried as a light prior: a few steps of new text move it
-    assert sum(second._first) <= auto_module.CARRY_TRIALS + 1e-9
+    assert sum(second.rates.first) <= auto_module.CARRY_TRIALS + 1e-9
     other = prepared(AutoBudget(), target, make_drafter("ngram", target))
     assert (other.alpha, other.continuation) == fresh  # another drafter keeps its own rates
 
@@ -228,7 +228,7 @@ def test_auto_does_not_stay_at_one_token_drafts_that_never_test_the_continuation
     b = AutoBudget(k_max=16)
     b.ratio = interpolate({1: 1.0, 2: 1.05, 3: 1.31, 5: 1.22, 9: 1.44, 17: 1.83, 33: 2.6})
     b.c = 0.31
-    b._next = [2.72, 1.28]  # continuation 0.68 on four trials' evidence
+    b.rates.next = [2.72, 1.28]  # continuation 0.68 on four trials' evidence
     ks = []
     for _ in range(12):
         k = b.next_k()
@@ -245,7 +245,7 @@ def test_auto_retests_a_continuation_that_one_token_drafts_left_untested():
     b = AutoBudget(k_max=16)
     b.ratio = interpolate({1: 1.0, 2: 1.02, 3: 1.29, 5: 1.22, 9: 1.43, 17: 1.76, 33: 2.6})
     b.c = 0.30
-    b._first, b._next = [9.2, 0.8], [1.9, 1.9]
+    b.rates.first, b.rates.next = [9.2, 0.8], [1.9, 1.9]
     ks = []
     for _ in range(16):
         k = b.next_k()

@@ -138,10 +138,10 @@ def test_a_lookup_class_in_a_chain_learns_from_a_look_back_as_ngram_alone_does(m
     back (the layer skip cannot look back) and, on SmolLM2, verified half as many n-gram tokens. Now its n-gram
     looks back on plain steps and auto counts that for the class alone, as draft=ngram's: the same class
     rates from the same look backs, the layer skip's pooled rates untouched, the chain's own class price too."""
-    import specpipe.budgets.auto as auto
+    import specpipe.budgets.rates as rates
     from specpipe.drafters.ngram import NgramDrafter
 
-    monkeypatch.setattr(auto, "_LEARNED", {})  # no rates carried from this module's earlier runs
+    monkeypatch.setattr(rates, "LEARNED", {})  # no rates carried from this module's earlier runs
     target = tiny("llama")
     prompt = target.encode_prompt(PROMPT, chat=False)
     chained = chain(target, None, ["ngram", "layerskip"])
@@ -151,15 +151,15 @@ def test_a_lookup_class_in_a_chain_learns_from_a_look_back_as_ngram_alone_does(m
     b_alone, b_chain = (prepared(AutoBudget(k_max=16), target, d) for d in (alone, chained))
     for b in (b_alone, b_chain):
         b.ratio = {1: 1.0, **{m: 1.0 + 0.05 * (m - 1) for m in range(2, 34)}}  # the same curve for both
-    model_rates = (list(b_chain._first), list(b_chain._next))
+    model_rates = (list(b_chain.rates.first), list(b_chain.rates.next))
     for b in (b_alone, b_chain):
         b.next_k()
         b.fit_k(1, 16)  # class 1 is known, from its prior: 0.5 in both (not the layer skip's rates)
     for _ in range(10):
         for b in (b_alone, b_chain):
             b.observe_hindsight(2, 2, evidence=1)
-    assert b_chain._class(1) == b_alone._class(1)
-    assert (b_chain._first, b_chain._next) == model_rates, "a lookup's look back is no evidence on the model"
+    assert b_chain.rates.of_class(1) == b_alone.rates.of_class(1)
+    assert (b_chain.rates.first, b_chain.rates.next) == model_rates, "a lookup's look back is no evidence on the model"
     for _ in range(8):  # past the model's probes (each rejected) to a plain step
         if b_chain.next_k() == 0:
             break
@@ -183,9 +183,9 @@ def alone_guess(drafter, prompt: list[int]) -> list[int]:
 
 def test_a_chain_under_auto_looks_back_on_plain_steps_and_stays_lossless(monkeypatch):
     """The pipeline's look back (core/proposal.py) through the chain: plain steps carry the n-gram's guess."""
-    import specpipe.budgets.auto as auto
+    import specpipe.budgets.rates as rates
 
-    monkeypatch.setattr(auto, "_LEARNED", {})
+    monkeypatch.setattr(rates, "LEARNED", {})
     target = tiny("llama")
     prompt = target.encode_prompt(PROMPT, chat=False)
     baseline, _ = run(target, NoneDrafter(), FixedBudget(k=1), prompt)

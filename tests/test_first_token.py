@@ -71,9 +71,9 @@ class _PlainThenK(FixedBudget):
         super().__init__(k=k)
         self.plain_steps, self.planned = plain_steps, 0
 
-    def plan(self, cache_len: int, room: int) -> StepPlan:
+    def plan(self, cache_len: int, room: int, price: dict[int, float] | None = None) -> StepPlan:
         self.planned += 1
-        return StepPlan(k=0) if self.planned <= self.plain_steps else super().plan(cache_len, room)
+        return StepPlan(k=0) if self.planned <= self.plain_steps else super().plan(cache_len, room, price)
 
 
 def test_the_draft_prefills_only_when_its_row_first_drafts(setup):

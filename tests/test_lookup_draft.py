@@ -16,6 +16,7 @@ from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import StepPlan
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.core.stages.draft import Draft
 from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.errors import SpecpipeError
@@ -82,42 +83,35 @@ def test_a_tree_takes_the_lookup_trie_where_the_context_matched(arch):
     assert any(e.draft_ids and e.forwards == 0 for e in drafted)
 
 
-class _Hybrid:
-    """What budget=auto reads of a model drafter with a lookup in front."""
-
-    evidence_is_free = True
-    last_evidence: int | None = None
-    last_tops: list[float] = []  # noqa: RUF012
+def _lookup(k: int, evidence: int | None) -> Draft:
+    """A draft of a model drafter with a lookup in front, as the step hands it to the budget."""
+    return Draft(token_ids=list(range(k)), evidence=evidence)
 
 
 def test_auto_prices_lookup_drafts_free_and_keeps_them_out_of_the_models_rates_cost_and_stop():
     b = AutoBudget(k_max=16)
     b.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 34)}
-    b.c, b._drafter = 0.4, _Hybrid()
+    b.c, b.rates.lookup_classes = 0.4, True  # what prepare notes of a drafter whose evidence is free
     for _ in range(6):  # the model: first token right, second wrong
         b.next_k()
-        b.observe(min(b.k, 4), 1, draft_s=0.04, verify_s=0.1)
-    model = (b.alpha, b.continuation, b.c, b._rate)
+        b.observe(min(b.k, 4), 1, draft_s=0.04, verify_s=0.1, draft=_lookup(min(b.k, 4), None))
+    model = (b.alpha, b.continuation, b.c, b.costs.returned)
     for _ in range(10):  # lookups of class 4 hold entirely
         b.next_k()
-        b._drafter.last_evidence = 4
         k = b.fit_k(4, 16)
         assert b.decision.c == 0.0 and b.decision.evidence == 4  # priced without a draft cost
-        b.observe(k, k, draft_s=0.0001, verify_s=0.1)
-        b._drafter.last_evidence = None
-    assert (b.alpha, b.continuation, b.c, b._rate) == model  # _rate: the chain stop's S, so its floor too
+        b.observe(k, k, draft_s=0.0001, verify_s=0.1, draft=_lookup(k, 4))
+    assert (b.alpha, b.continuation, b.c, b.costs.returned) == model  # returned: the chain stop's S, so its floor too
     b.next_k()
-    b._drafter.last_evidence = 4
     assert b.fit_k(4, 16) >= 8  # a free, always-right class drafts long
 
 
 def test_an_override_step_that_drew_a_lookup_does_not_teach_the_model_cost():
     b = AutoBudget(k_max=16)
     b.ratio = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 34)}
-    b.c, b._drafter = 0.4, _Hybrid()
-    b._drafter.last_evidence = 3  # no fit ran (the step's K was set by hand), the draft was still a lookup
-    for _ in range(5):
-        b.observe(4, 4, draft_s=0.0001, verify_s=0.1)
+    b.c, b.rates.lookup_classes = 0.4, True
+    for _ in range(5):  # no fit ran (the step's K was set by hand), the draft was still a lookup (class 3)
+        b.observe(4, 4, draft_s=0.0001, verify_s=0.1, draft=_lookup(4, 3))
     assert b.c == 0.4
 
 

@@ -35,10 +35,10 @@ class PlannedBudget(BudgetBase):
     def __init__(self, plan: StepPlan):
         self._plan = plan
 
-    def plan(self, cache_len: int, room: int) -> StepPlan:
+    def plan(self, cache_len: int, room: int, price: dict[int, float] | None = None) -> StepPlan:
         return self._plan.capped(room)
 
-    def observe(self, drafted, accepted, *, draft_s=None, verify_s=None) -> None:
+    def observe(self, drafted, accepted, *, draft_s=None, verify_s=None, draft=None) -> None:
         pass
 
 

@@ -25,7 +25,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
 from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
-from specpipe.core.pipeline import RunControl
+from specpipe.core.plan import K_MAX, RunControl
 from specpipe.events import Emitted, EventWriter, PrefillDone, PrefillProgress, RunError, RunFinished, RunStarted
 from tui.figures import Figures
 from tui.messages import EventsArrived, GenerationEnded, GenerationFailed
@@ -38,7 +38,7 @@ from tui.widgets.stats_panel import StatsPanel
 from tui.widgets.token_view import MODES
 
 FLUSH_S = 1 / 30  # coalesce fast streams: at most ~30 UI updates a second
-MAX_K = 64
+MAX_K = K_MAX  # the K keys stop at every K's one cap (core/plan.py)
 QUIT_WAIT_S = 5.0  # Ctrl+Q waits this long at most for the running step to end
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 QUIT_AGAIN_S = 3.0  # a second Ctrl+C on an idle, empty prompt within this long quits

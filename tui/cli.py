@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from specpipe.cli.argv import is_hydra_meta, validate_overrides
 from specpipe.cli.shell import EXIT_CONFIG, hydra_main, hydra_output_dir, preload_blas
 
-DEFAULT_PORT = 8000
+DEFAULT_PORT = 8001  # not specpipe-serve's 8000 (conf/serve.yaml): the chat and a server it talks to run side by side
 GROUPS = ("model", "draft", "quant", "budget", "rollback", "sampling", "compare", "prompt", "experiment")
 
 
@@ -120,7 +120,7 @@ specpipe-chat [overrides]                      chat with the composed config (as
 specpipe-chat --replay FILE [--speed X]        play a recording (events.jsonl, or a chat saved with Ctrl+S)
 specpipe-chat --resume FILE [key=value ...]    continue a recorded chat with its config
 specpipe-chat serve.url=http://127.0.0.1:8000   chat with a running specpipe-serve
-specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://127.0.0.1:N (default 8000)
+specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://127.0.0.1:N (default 8001)
 """
 
 

@@ -127,7 +127,7 @@ class _FixedK(BudgetBase):
     def next_k(self) -> int:
         raise AssertionError("a row without a budget steps only with a K (step(k) or begin(k=))")
 
-    def observe(self, drafted: int, accepted: int, *, draft_s=None, verify_s=None) -> None:
+    def observe(self, drafted: int, accepted: int, *, draft_s=None, verify_s=None, draft=None) -> None:
         pass
 
 
@@ -321,6 +321,7 @@ class BatchDecoder:
             k=k,
         )
         row.detok.reset()
+        row.budget.start_request()  # a new request: what its budget carries over is the budget's to decide
         return Joining(self.target, row, self.target.make_cache())
 
     def join(self, joining: Joining) -> Row:
@@ -399,7 +400,7 @@ class BatchDecoder:
             rates = [RowRates(cast(Expectation, r.budget.expected_tokens), r.budget.draft_cost, r.rho) for r in priced]
             curve = self.pricing.curve(rates, len(self.rows))
         for row in priced:
-            row.budget.price_batch(curve)
+            row.price = curve  # its plan takes it (`Budget.plan(price=)`)
 
     @staticmethod
     def _finish_step(row: Row, events: list[Event]) -> RowStep:

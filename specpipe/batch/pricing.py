@@ -1,9 +1,9 @@
 """How far a batch's rows draft this step: the width that gives the most tokens per second for the whole batch.
 
 Contract: `BatchPricing(table).curve(rows)` is the curve each budget=auto row of a batch prices its draft by this
-step (`Budget.price_batch`), or None for a batch of one (the row prices as if alone). `rows` are (expected tokens
-per k, draft cost per token, share of asked steps on which the row's drafter proposed anything) for each row
-whose budget prices its K (`Budget.expected_tokens`); the others are left out.
+step (the row's `price`, handed to `Budget.plan(price=)`), or None for a batch of one (the row prices as if
+alone). `rows` are (expected tokens per k, draft cost per token, share of asked steps on which the row's drafter
+proposed anything) for each row whose budget prices its K (`Budget.expected_tokens`); the others are left out.
 
 Every row of a batch waits for the widest row's forward, and padding columns are computed anyway: the step's
 cost is T(B, 1 + K) for the widest draft K (batch/costs.py, measured), whichever rows fill it. So K is a decision

@@ -8,9 +8,14 @@ Steps where the drafter proposed fewer than K (nothing to look up) leave K alone
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from specpipe.budgets.fixed import K_MAX
 from specpipe.core.protocols import BudgetBase
 from specpipe.errors import SpecpipeError
+
+if TYPE_CHECKING:
+    from specpipe.core.stages.draft import Draft
 
 
 class AdaptiveBudget(BudgetBase):
@@ -28,7 +33,13 @@ class AdaptiveBudget(BudgetBase):
         return self.k
 
     def observe(
-        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+        self,
+        drafted: int,
+        accepted: int,
+        *,
+        draft_s: float | None = None,
+        verify_s: float | None = None,
+        draft: Draft | None = None,
     ) -> None:
         if drafted < self.k and accepted == drafted:
             return  # a short draft says nothing about how long drafts could be

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from specpipe.core.plan import K_MAX
 from specpipe.core.protocols import BudgetBase
 from specpipe.errors import SpecpipeError
 
-K_MAX = 32
+__all__ = ["K_MAX", "FixedBudget"]  # K_MAX: budgets and the batch import it from here
+
+if TYPE_CHECKING:
+    from specpipe.core.stages.draft import Draft
 
 
 class FixedBudget(BudgetBase):
@@ -21,6 +27,12 @@ class FixedBudget(BudgetBase):
         return self.k
 
     def observe(
-        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+        self,
+        drafted: int,
+        accepted: int,
+        *,
+        draft_s: float | None = None,
+        verify_s: float | None = None,
+        draft: Draft | None = None,
     ) -> None:
         """Fixed budgets ignore outcomes; adaptive ones learn from them."""

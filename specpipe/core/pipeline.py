@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
 
 import mlx.core as mx
 import msgspec
 
+from specpipe.core.plan import RunControl
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.step import Row, cut, step
 from specpipe.engine.engine import joined_rows
@@ -141,6 +141,7 @@ class SpeculativePipeline:
                 draft_ready=not deferred,
                 draft_capture=draft_capture,
             )
+            self.budget.start_request()  # one budget may serve many requests (a session's turns, the server)
             reason = "max_tokens"
             while len(row.output) < max_tokens:
                 if control.stop_requested:
@@ -155,15 +156,3 @@ class SpeculativePipeline:
         except KeyboardInterrupt:
             reason = "interrupted"
         yield emit(finish(reason))
-
-
-@dataclass
-class RunControl:
-    """Knobs another thread (the TUI) may turn while a run is going.
-
-    stop_requested: finish after the current step (stop_reason "stopped").
-    k: draft budget override for the next steps (None: ask the budget).
-    """
-
-    stop_requested: bool = False
-    k: int | None = None

@@ -1,8 +1,9 @@
 """A step's plan: everything a budget decides for one row before its drafter proposes.
 
-Contract: `Budget.plan(cache_len, room)` returns a StepPlan; the drafter reads its draft length and limits
-from it (`Drafter.propose(context_ids, plan)`), the step reads how to look back and what to log. A plan is
-frozen: a budget that resizes the draft in hand (`Budget.fit`) returns a new one. Nothing here imports mlx.
+Contract: `Budget.plan(cache_len, room, price=)` returns a StepPlan; the drafter reads its draft length and
+limits from it (`Drafter.propose(context_ids, plan)`), the step reads how to look back and what to log. A plan
+is frozen: a budget that resizes the draft in hand (`Budget.fit`) returns a new one. Beside it: K_MAX, every
+K's one cap, and RunControl, the knobs that override plans from another thread. Nothing here imports mlx.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ if TYPE_CHECKING:  # annotations only: drafters/chain.py imports mlx
     from specpipe.drafters.chain import ChainStop
     from specpipe.events import BudgetDecision
     from specpipe.trees.shape import TreeShape
+
+
+# The longest chain a step drafts, whoever asks (a budget's k / k_max, a request's specpipe.k, the chat's K key):
+# the verify cost curves are calibrated up to T(K_MAX + 1) (costmodel/calibration.py QUICK_POINTS).
+K_MAX = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +69,16 @@ class StepPlan:
         if self.k <= room and self.lookup_k <= room:
             return self
         return replace(self, k=min(self.k, room), lookup_k=min(self.lookup_k, room))
+
+
+@dataclass
+class RunControl:
+    """Knobs another thread (the TUI) may turn while a run is going; here, beside the plans they override, so a
+    consumer that turns them imports no mlx.
+
+    stop_requested: finish after the current step (stop_reason "stopped").
+    k: draft budget override for the next steps (None: ask the budget).
+    """
+
+    stop_requested: bool = False
+    k: int | None = None

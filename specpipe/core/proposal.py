@@ -72,7 +72,9 @@ class ChainProposal:
         target_drop = k_eff - n
         row.rollback.rollback(row.cache, target_drop, engine=target, fed_ids=[row.last_id, *draft.token_ids])
         draft_drop = 0 if self.first_plain else drafter.rollback(len(row.context) + n)
-        row.budget.observe(k_eff, n, draft_s=self.draft_s, verify_s=verify_s)
+        # a batched row's (priced) verify seconds are the shared forward's: no timing of this row's T(n)
+        own_s = verify_s if row.price is None else None
+        row.budget.observe(k_eff, n, draft_s=self.draft_s, verify_s=own_s, draft=draft)
         yield RolledBack(
             t=clock(),
             step=row.step,
@@ -93,10 +95,12 @@ def propose_chain(row: Row, plan: StepPlan, clock, first_plain: bool) -> Generat
     lookup_k = plan.lookup_k if drafter.evidence_is_free else 0
     draft = drafter.propose(row.context, plan) if max(plan.k, lookup_k) > 0 else Draft(token_ids=[])
     f1 = drafter.forwards
-    if draft.token_ids and drafter.last_evidence is not None and plan.fit:
+    if draft.token_ids:  # what the budget learns from travels with the draft, not through the drafter
+        draft.evidence, draft.tops = drafter.last_evidence, list(drafter.last_tops)
+    if draft.token_ids and draft.evidence is not None and plan.fit:
         # the drafter said how sure this draft is (n-gram: the match length): the budget keeps as much of
         # it as that class's acceptance pays for, maybe none (a plain step)
-        plan = budget.fit(plan, drafter.last_evidence, min(max(plan.k, lookup_k), len(draft.token_ids)))
+        plan = budget.fit(plan, draft.evidence, min(max(plan.k, lookup_k), len(draft.token_ids)))
     k = plan.k
     draft.token_ids = draft.token_ids[: max(k, 0)]
     k_eff = len(draft.token_ids)

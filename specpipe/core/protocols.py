@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     from specpipe.core.plan import StepPlan
     from specpipe.core.stages.compare import Verdict
     from specpipe.core.stages.draft import Draft
+    from specpipe.costmodel.context_curve import ContextCurve
     from specpipe.engine.engine import Capture, Engine
     from specpipe.engine.recurrent import StateCapture
     from specpipe.trees.drafting import TreeDraft
@@ -183,7 +184,9 @@ class DrafterBase:
 
 
 class Budget(Protocol):
-    """How much to draft per step (budgets/): a StepPlan per step, the outcome back through `observe`."""
+    """How much to draft per step (budgets/): a StepPlan per step, the outcome back through `observe`. What
+    goes down and comes back up are values (the plan; the Draft with its evidence; the batch's price): a
+    budget keeps no reference to a drafter or another plug-in."""
 
     @property
     def name(self) -> str: ...
@@ -199,14 +202,29 @@ class Budget(Protocol):
     def prepare(self, target: Engine, drafter: Drafter) -> None:
         """Once, after the models load: measure what the budget needs from them (auto calibrates)."""
 
-    def plan(self, cache_len: int, room: int) -> StepPlan:
-        """This step's plan: the target cache holds `cache_len` positions (auto prices verifies by it), and at
-        most `room` drafted tokens are still wanted (the plan's k and lookup_k never exceed it)."""
+    def start_request(self) -> None:
+        """A new request begins (each driver calls it once per request, before its first step): a budget that
+        learns across requests decides here what carries over (auto: the rates as a light prior, the probe
+        schedule afresh)."""
+
+    def plan(self, cache_len: int, room: int, price: dict[int, float] | None = None) -> StepPlan:
+        """This step's plan: the target cache holds `cache_len` positions (auto prices verifies by it), at
+        most `room` drafted tokens are still wanted (the plan's k and lookup_k never exceed it), and `price`
+        is the batch's price of a draft of n - 1 tokens in this row's plain steps (batch/pricing.py, from the
+        measured T(B, n)) while the row shares a batched forward, None while it decodes alone."""
 
     def observe(
-        self, drafted: int, accepted: int, *, draft_s: float | None = None, verify_s: float | None = None
+        self,
+        drafted: int,
+        accepted: int,
+        *,
+        draft_s: float | None = None,
+        verify_s: float | None = None,
+        draft: Draft | None = None,
     ) -> None:
-        """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds."""
+        """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds (verify_s None
+        for a batched row: the shared forward's seconds are no timing of this row); the `draft` verified,
+        with what the drafter said of it (its evidence class, its top probabilities)."""
 
     def fit(self, plan: StepPlan, evidence: int, drafted: int) -> StepPlan:
         """The draft in hand (`drafted` tokens, at most the plan's) is of class `evidence` (the drafter's
@@ -217,16 +235,17 @@ class Budget(Protocol):
         """The drafter guessed `checked` already emitted tokens, the first `matched` right (a guess of class
         `evidence`)."""
 
-    def price_batch(self, curve: dict[int, float] | None) -> None:
-        """The row shares a batched forward: price a draft of n - 1 tokens at `curve[n]` plain steps of this row
-        (batch/pricing.py, from the measured T(B, n)); None: the row decodes alone again."""
-
     def expected_tokens(self, k: int) -> float | None:
         """Tokens a step drafting k is expected to yield by this budget's rates (None: it does not price K)."""
 
     @property
     def draft_cost(self) -> float:
         """One drafted token's cost in target forwards, as the budget measured it (0 where it does not price)."""
+
+    @property
+    def context_curve(self) -> ContextCurve | None:
+        """The verify cost curve by cache length it prices by (auto), which an idle refinement times further;
+        None where it prices nothing."""
 
 
 class BudgetBase:
@@ -250,7 +269,10 @@ class BudgetBase:
         """K for this step (0: plain decoding)."""
         raise NotImplementedError(f"{type(self).__name__} defines neither plan nor next_k")
 
-    def plan(self, cache_len: int, room: int) -> StepPlan:
+    def start_request(self) -> None:
+        pass  # nothing learned carries over differently between requests
+
+    def plan(self, cache_len: int, room: int, price: dict[int, float] | None = None) -> StepPlan:
         from specpipe.core.plan import StepPlan
 
         self.at_context(cache_len)
@@ -264,15 +286,16 @@ class BudgetBase:
     def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         pass  # never asked while its plans' hindsight_k is 0
 
-    def price_batch(self, curve: dict[int, float] | None) -> None:
-        pass  # K is not priced (fixed, adaptive, confidence)
-
     def expected_tokens(self, k: int) -> float | None:
         return None  # no rates: a batch leaves this row's K to it
 
     @property
     def draft_cost(self) -> float:
         return 0.0
+
+    @property
+    def context_curve(self) -> ContextCurve | None:
+        return None  # K is not priced by cache length
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus

@@ -52,6 +52,8 @@ class Row:
     draft_capture: what the drafter reads of the target's forwards (`Drafter.capture`: draft=mtp's final hidden
         state, draft=eagle3's layer taps); every verify records it and hands it to `observe_hidden`. None: nothing.
     k_override: RunControl's K for this step (None: the budget plans).
+    price: the batch's price of this row's draft (batch/pricing.py; `Budget.plan(price=)`), set while the row
+        shares a batched forward; None: it decodes alone.
     detok: the target tokenizer's streaming detokenizer, for the Emitted text.
     batch: the RaggedBatch whose row this is (its `cache` unused: the batch holds it), or None: a row alone.
     clock: this row's own clock (a batched row's events count from its admission); None: the step's.
@@ -71,6 +73,7 @@ class Row:
     draft_ready: bool = True
     draft_capture: Capture | None = None
     k_override: int | None = None
+    price: dict[int, float] | None = None
     output: list[int] = field(default_factory=list)
     step: int = 0
     finished: str = ""  # "eos" once a stop id ended the row; "" while it runs
@@ -220,7 +223,7 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, ChainProposal | 
     elif row.k_override is not None:
         plan = StepPlan.override(row.k_override, room)
     else:
-        plan = row.budget.plan(len(row.context) - 1, room)  # the cache holds all but the newest token
+        plan = row.budget.plan(len(row.context) - 1, room, price=row.price)  # the cache holds all but the newest
     if not first_plain and max(plan.k, plan.lookup_k, plan.hindsight_k) > 0:
         # a draft model prefills when its row first drafts: a step the budget makes plain needs no draft, and
         # in a batch that decodes plain (8 rows on a CPU) every joining row's prefill stalled every row

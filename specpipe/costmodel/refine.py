@@ -75,11 +75,9 @@ def refine_idle(
 
 
 def _curve_of(budget_or_curve) -> ContextCurve | None:
-    from specpipe.budgets.auto import AutoBudget  # here: budgets/auto.py imports the cost model
-
     if isinstance(budget_or_curve, ContextCurve):
         return budget_or_curve
-    return budget_or_curve.context_curve if isinstance(budget_or_curve, AutoBudget) else None
+    return budget_or_curve.context_curve  # a Budget's (None: it does not price by cache length)
 
 
 def next_length(engine, curve: ContextCurve) -> int | None:

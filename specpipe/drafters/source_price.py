@@ -15,15 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORGET = 0.9  # evidence per verified draft decays by this factor (budget=auto's default forget)
+from specpipe.budgets.rates import FORGET  # evidence per verified draft decays as budget=auto's does
+from specpipe.budgets.rates import optimistic as _optimistic
+
 PRIOR = 2.0  # trials' worth of the 0.5 prior each rate starts from
-
-
-def _optimistic(counts: list[float]) -> float:
-    """A [successes, failures] rate plus one standard error (at most 1)."""
-    n = sum(counts)
-    m = counts[0] / n
-    return min(1.0, m + (m * (1 - m) / n) ** 0.5)
 
 
 def ratio_curve(slope: float, k: int) -> dict[int, float]:

@@ -35,7 +35,7 @@ class IdleRefinement:
     def follow(self, budget) -> None:
         """A batched row ended: refine up to the context it reached. Its budget left with it, so the reach goes
         into a curve of the server's own; a later row's budget reads the cached curves when it first needs them."""
-        seen: ContextCurve | None = getattr(budget, "context_curve", None)  # budget=auto's only
+        seen: ContextCurve | None = budget.context_curve  # budget=auto's only
         if seen is None or seen is self.curve:
             return
         if self.curve is None:

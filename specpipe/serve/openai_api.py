@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from specpipe.core.plan import K_MAX
+
 
 class BadRequest(ValueError):
     """The request cannot be served as sent; the message says which field and why."""
@@ -144,7 +146,7 @@ def parse_completion(body: bytes) -> Request:
     )
 
 
-MAX_REQUEST_K = 64  # the longest draft a request may ask for (the chat's + key stops there too)
+MAX_REQUEST_K = K_MAX  # the longest draft a request may ask for: every K's one cap (core/plan.py)
 
 
 def _k(options: SpecpipeOptions | None) -> int | None:

@@ -81,7 +81,7 @@ class GenerationWorker:
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
         self._closing = threading.Event()
         # the session's one budget decodes every request: its curve is refined in place
-        curve = getattr(session.budget, "context_curve", None)
+        curve = session.budget.context_curve  # budget=auto's; None for budgets that do not price
         self._idle = IdleRefinement(session.target, log, curve)
         self._thread = threading.Thread(target=self._loop, name="specpipe-generate", daemon=True)
         self._thread.start()

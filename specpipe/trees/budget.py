@@ -38,11 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specpipe.budgets.rates import FORGET  # per tree step, as auto's rates: acceptance follows the text
 from specpipe.events import BudgetDecision
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree, select_dynamic
 
-FORGET = 0.9  # per tree step, as auto's rates: acceptance follows the text
 PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates, before any tree reached that depth
 # the prior's weight fades as evidence at its depth comes in, as old evidence does: a fixed two trials' worth
 # of auto's 0.5 prior against the ~10 trials forgetting keeps made lookahead's nodes (small scores, ~5%

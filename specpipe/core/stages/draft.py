@@ -14,7 +14,7 @@ The Drafter protocol itself is in specpipe/core/protocols.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specpipe.core.protocols import Drafter  # noqa: F401  (the protocol lives with the other kinds')
@@ -32,6 +32,10 @@ class Draft:
     catchup_forwards: forwards spent only on that catch-up (0 when it rides
         in the first drafting forward, as the model drafter does).
     source: which of a chain's drafters proposed it (draft=chain, drafters/sources.py); "" for the others.
+    evidence: how sure the drafter was of it, as a class (`Drafter.last_evidence`; n-gram: the matched
+        suffix's length), or None; what budget=auto keeps rates per class by.
+    tops: the drafted tokens' top draft probabilities where a model chain ran under a stop rule (the chain
+        stop's hold rates learn from them); empty otherwise.
     """
 
     token_ids: list[int]
@@ -39,3 +43,5 @@ class Draft:
     catchup_tokens: int = 0
     catchup_forwards: int = 0
     source: str = ""
+    evidence: int | None = None
+    tops: list[float] = field(default_factory=list)
