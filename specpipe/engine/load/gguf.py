@@ -30,6 +30,8 @@ import mmap
 import re
 import struct
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,17 +147,12 @@ def read_header(path: str | Path) -> tuple[dict, dict[str, _TensorInfo]]:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise SpecpipeError(f"{path} is not a GGUF file (no 'GGUF' magic bytes); pass a .gguf model file")
+    with _mapped(path) as buf:
         try:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (ValueError, OSError) as exc:
-            raise SpecpipeError(f"cannot map {path}: {exc}; check the file is readable") from exc
-    try:
-        meta, tensors = _parse(buf)
-        size = len(buf)
-    except (struct.error, IndexError, UnicodeDecodeError, KeyError, ValueError) as exc:
-        raise SpecpipeError(f"{path} is a truncated or corrupt GGUF file ({exc}); download it again") from exc
-    finally:
-        buf.close()
+            meta, tensors = _parse(buf)
+            size = len(buf)
+        except (struct.error, IndexError, UnicodeDecodeError, KeyError, ValueError) as exc:
+            raise SpecpipeError(f"{path} is a truncated or corrupt GGUF file ({exc}); download it again") from exc
     needed = max((_tensor_end(t) for t in tensors.values()), default=0)
     if needed > size:
         raise SpecpipeError(
@@ -163,6 +160,28 @@ def read_header(path: str | Path) -> tuple[dict, dict[str, _TensorInfo]]:
             f"({size / needed:.0%}); download or copy it again"
         )
     return meta, tensors
+
+
+@contextmanager
+def _mapped(path: Path) -> Iterator[mmap.mmap]:
+    """The file mapped read-only, closed on the way out -- unless a numpy view of it is still alive.
+
+    A stop signal (Ctrl-C, SIGTERM) landing while `np.frombuffer` holds a view makes `mmap.close()`
+    raise `BufferError: cannot close exported pointers exist`, which would replace the
+    KeyboardInterrupt and end the command in a traceback; the map is freed with its last view instead.
+    """
+    with open(path, "rb") as f:
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError) as exc:
+            raise SpecpipeError(f"cannot map {path}: {exc}; check the file is readable") from exc
+    try:
+        yield buf
+    finally:
+        try:
+            buf.close()
+        except BufferError:
+            pass
 
 
 def _tensor_end(t: _TensorInfo) -> int:
@@ -288,7 +307,7 @@ def _load_tensors(path: Path, tensors: dict[str, _TensorInfo]):
 
 def _dequantize_all(path: Path, tensors: dict[str, _TensorInfo]) -> dict[str, mx.array]:
     out = {}
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with _mapped(path) as buf:
         for t in tensors.values():
             try:
                 qtype = GGMLQuantizationType(t.ggml_type)
