@@ -76,7 +76,7 @@ class LookaheadDraftConfig(PluginConfig):
 
 @dataclass
 class ModelDraftConfig(PluginConfig):
-    model: str = MISSING  # packaged name, or "self" to draft with the target
+    model: str | None = MISSING  # packaged name, or "self" to draft with the target; None: draft.path
     path: str | None = MISSING
     quant: str | None = MISSING  # None: same precision as the target
     lookup_min_n: int = MISSING  # prompt lookup first where this many context tokens match (0: model only)

@@ -41,8 +41,9 @@ class Session:
         self.kv = build_plugin(cfg.kv, "kv") if cfg.get("kv") else FullKV()
         configure_engine(self.target, self.kv, cfg)
 
-        def load_draft(name=None, path=None, precision=None):
-            return configure_engine(load_engine(name, path, precision or cfg.quant.precision), self.kv, cfg)
+        def load_draft(name=None, path=None, precision=None, keys=("draft.model", "draft.path")):
+            engine = load_engine(name, path, precision or cfg.quant.precision, keys=keys)
+            return configure_engine(engine, self.kv, cfg)
 
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed)

@@ -112,7 +112,10 @@ USAGES = {
     ),
     "specpipe-train-drafter": Usage(
         "train an MTP head for a frozen target, offline (then: specpipe draft=mtp)",
-        ("specpipe-train-drafter model=smollm2-135m steps=600", "specpipe-train-drafter out=/tmp/head corpus=/path/to/code"),
+        (
+            "specpipe-train-drafter model=smollm2-135m steps=600",
+            "specpipe-train-drafter out=/tmp/head corpus=/path/to/code",
+        ),
         (
             "model=smollm2-135m | model.path=/x.gguf   the frozen target",
             "steps=600                                 training steps",

@@ -30,7 +30,7 @@ import mmap
 import re
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,11 +85,12 @@ class _TensorInfo:
     offset: int  # absolute byte offset in the file
 
 
-def read_gguf(path: str | Path) -> Checkpoint:
+def read_gguf(path: str | Path, on_tensor: Callable[[int], None] | None = None) -> Checkpoint:
     """Read a GGUF model file (llama or qwen2) into a `Checkpoint`.
 
     Args:
         path: the `.gguf` file.
+        on_tensor: called with the number of tensors read so far since the last call (a progress bar).
 
     Returns:
         A `Checkpoint` whose config, weights and quantization feed
@@ -111,7 +112,7 @@ def read_gguf(path: str | Path) -> Checkpoint:
 
     # Tokenizer first: its errors should not wait for gigabytes of tensors.
     tokenizer, eos_ids = build_tokenizer(meta, path.name)
-    weights, quantization, route = _load_tensors(path, tensors)
+    weights, quantization, route = _load_tensors(path, tensors, on_tensor or (lambda n: None))
     weights = _rename(path, weights)
     quantization = {_rename_module(k): v for k, v in quantization.items()}
     if arch == "llama":
@@ -284,17 +285,18 @@ def _config(path: Path, arch: str, meta: dict, tensors: dict[str, _TensorInfo]) 
     return config
 
 
-def _load_tensors(path: Path, tensors: dict[str, _TensorInfo]):
+def _load_tensors(path: Path, tensors: dict[str, _TensorInfo], on_tensor: Callable[[int], None]):
     """All tensors by GGUF name, the quantized triplets' params, and the route taken."""
     # mx.load (mlx 0.32) also accepts some K-quant files, converting them to
     # float16 -- and gets Q4_K wrong (|err| ~ |w|; Q6_K was right). So only
     # files made entirely of types it maps exactly go through it.
     if any(t.ggml_type not in _MX_EXACT for t in tensors.values()):
-        return _dequantize_all(path, tensors), {}, "gguf-dequantized-float32"
+        return _dequantize_all(path, tensors, on_tensor), {}, "gguf-dequantized-float32"
     try:
         weights = mx.load(str(path))
     except (RuntimeError, ValueError):  # e.g. "[load_gguf] gguf_tensor_to_f16 failed"
-        return _dequantize_all(path, tensors), {}, "gguf-dequantized-float32"
+        return _dequantize_all(path, tensors, on_tensor), {}, "gguf-dequantized-float32"
+    on_tensor(len(tensors))  # mx.load maps them all at once
     quantization = {}
     for name, w in weights.items():
         if name.endswith(".scales"):
@@ -305,7 +307,9 @@ def _load_tensors(path: Path, tensors: dict[str, _TensorInfo]):
     return weights, quantization, "mx.load"
 
 
-def _dequantize_all(path: Path, tensors: dict[str, _TensorInfo]) -> dict[str, mx.array]:
+def _dequantize_all(
+    path: Path, tensors: dict[str, _TensorInfo], on_tensor: Callable[[int], None]
+) -> dict[str, mx.array]:
     out = {}
     with _mapped(path) as buf:
         for t in tensors.values():
@@ -323,6 +327,7 @@ def _dequantize_all(path: Path, tensors: dict[str, _TensorInfo]) -> dict[str, mx
             out[t.name] = mx.array(arr.astype(np.float32, copy=False).reshape(t.shape))
             mx.eval(out[t.name])
             del raw, arr
+            on_tensor(1)
     return out
 
 
