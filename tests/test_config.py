@@ -100,9 +100,10 @@ def test_every_job_of_a_sweep_is_checked():
 
 
 def test_good_overrides_pass():
-    assert validate_overrides(
-        ["draft=model", "draft.model=self", "budget.k=16", "model=tiny-random", "model.arch=qwen2"]
-    ) is None
+    assert (
+        validate_overrides(["draft=model", "draft.model=self", "budget.k=16", "model=tiny-random", "model.arch=qwen2"])
+        is None
+    )
 
 
 @pytest.mark.parametrize("k", [0, 33, -1])
