@@ -36,7 +36,12 @@ def test_a_multirun_ends_with_one_table_of_its_jobs(tmp_path):
     for row, summary in zip(rows, summaries, strict=True):  # the table repeats each job's own figures
         tok_forward, acceptance, tok_s = row.split()[2:5]
         assert f"| {tok_forward} tok/forward | {tok_s} tok/s |" in summary
-        assert acceptance == "-" if "draft=none" in row else f"acceptance {acceptance} " in summary
+        if "draft=none" in row:  # plain decoding: no acceptance anywhere, and no budget in its header
+            assert acceptance == "-" and "acceptance" not in summary
+        else:
+            assert f"acceptance {acceptance} " in summary
+    headers = [line for line in lines if line.startswith("specpipe: tiny-random")]
+    assert ["budget=" in h for h in headers] == [True, False, True, False], headers
 
 
 def test_a_single_run_prints_no_table(tmp_path):

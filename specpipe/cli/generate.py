@@ -102,9 +102,10 @@ class TerminalPrinter:
                 draft += f" (head cut to {event.draft_head_rows} rows + the context's)"
             if event.draft_vocab_map:  # another tokenizer: say how its drafts reach the target's ids
                 draft += f" (vocab_map={event.draft_vocab_map}, {event.draft_vocab_shared} tokens shared)"
+            budget = f"budget={event.budget}, " if event.drafter != "none" else ""  # plain decoding has no K
             say(
                 f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
-                f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}"
+                f"{budget}rollback={event.rollback}, {blas_phrase(blas_info())}"
             )
             for warning in event.warnings:  # a setting predicted slower than plain (specpipe/advice.py)
                 say(f"specpipe: warning: {warning}")
@@ -171,9 +172,11 @@ def summary_line(result) -> str:
     by = getattr(result, "interrupted_by", "")
     if by:  # a stdout that failed after the last token (stream=false | true) cut only the output
         by = f" by {by}" if result.stop_reason == "interrupted" else f", output cut by {by}"
+    plain = getattr(result, "drafter", "") == "none"  # draft=none drafts nothing: no acceptance to state
+    acceptance = "" if plain else f" | acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
     return (
-        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}) | acceptance {s.acceptance_rate:.0%} "
-        f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
+        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}){acceptance} | "
+        f"{s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
         f"TTFT {s.ttft_s:.2f}s | prefill {s.prefill_tok_s:.0f} tok/s ({s.prompt_tokens} tokens{_draft_prefill(s)}) | "
         f"KV {s.kv_bytes_per_token / 1024:.1f} KiB/token | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
         f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS{_worth(result)} | {result.output_dir}"
