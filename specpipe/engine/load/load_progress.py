@@ -15,6 +15,16 @@ from pathlib import Path
 # Below this share of the available memory a load is said to fit: MLX's buffers, the KV cache and the
 # tokenizer come on top of the weights, and the page cache is only partly reclaimable.
 FITS_SHARE = 0.9
+AUTO_FLOAT32_RAM_SHARE = 0.4  # quant=auto on CPU: float32 where it fits in this share of RAM (build.auto_precision)
+
+
+def total_ram() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
 
 
 def available_bytes() -> int | None:
@@ -43,7 +53,9 @@ def gguf_bytes_needed(path: Path, tensors: dict, precision: str, on_gpu: bool = 
             n *= int(d)
         params += n
     dequantized = any(t.ggml_type not in _MX_EXACT for t in tensors.values())
-    as_float32 = precision == "float32" or (precision == "auto" and not on_gpu) or dequantized
+    # quant=auto on CPU takes float32 only where it fits in 40% of RAM (build.auto_precision), else keeps the file's
+    auto_float32 = precision == "auto" and not on_gpu and params * 4 < AUTO_FLOAT32_RAM_SHARE * total_ram()
+    as_float32 = precision == "float32" or auto_float32 or dequantized
     return max(params * 4 if as_float32 else 0, path.stat().st_size)
 
 
