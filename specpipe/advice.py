@@ -12,9 +12,32 @@ drafter's cost per drafted token and the budget's K.
   layer draft costs ~0.5 of a step per token, 5.7 steps for K = 8 against 9 tokens at best, yet it accepts
   2-9% (docs/drafters.md) and runs at ~0.2x. The line says the acceptance the setting needs, so a drafter
   that does reach it (an early exit trained for it) knows the warning does not apply.
+- A draft model with another tokenizer that shares few of the target's token ids (a token map:
+  drafters/cross_vocab.py): its drafts rarely line up with the target's tokens, so most are rejected.
 """
 
 from __future__ import annotations
+
+# Below this share of the target's token ids a token-mapped draft is warned about. Ids, not the corpus
+# coverage auto judges by: a byte-level draft's 238 single-byte tokens cover 26% of SmolLM2's corpus tokens
+# (spaces, punctuation) yet drafted 0% accepted; two BPE families (SmolLM2 and Qwen2.5) share tens of
+# thousands of ids, far above this.
+FEW_SHARED_IDS = 0.05
+
+
+def few_shared_tokens(drafter) -> str:
+    """The warning for a draft model mapped onto the target's tokens through few shared ids, else ""."""
+    cross = getattr(drafter, "token_map", None)
+    if cross is None:
+        return ""
+    rows = cross.vmap.target_rows
+    share = cross.shared / rows if rows else 0.0
+    if share >= FEW_SHARED_IDS:
+        return ""
+    return (
+        f"the draft shares {cross.shared} of the target's {rows} token ids ({share:.1%}; token map "
+        f"draft.vocab_map={cross.method}): expect few accepted drafts; use a draft model of the target's family"
+    )
 
 
 def slow_on_cpu(mlx_device: str, precision: str) -> str:
@@ -89,7 +112,7 @@ def warnings(target, drafter, budget, mlx_device: str) -> list[str]:
     """Every warning that applies to this session (each one line, without the `specpipe: warning: ` prefix)."""
     from specpipe.costmodel.worth import cached_ratio
 
-    out = [slow_on_cpu(mlx_device, target.info.precision)]
+    out = [slow_on_cpu(mlx_device, target.info.precision), few_shared_tokens(drafter)]
     if not out[0] and getattr(budget, "name", "") == "fixed":  # budget=auto falls back to plain by itself
         hint = getattr(drafter, "cost_per_token", None)
         out.append(draft_cannot_pay(drafter.name, hint, int(getattr(budget, "k", 0)), cached_ratio(target)))

@@ -76,7 +76,7 @@ class LookaheadDraftConfig(PluginConfig):
 
 @dataclass
 class ModelDraftConfig(PluginConfig):
-    model: str = MISSING  # packaged name, or "self" to draft with the target
+    model: str | None = MISSING  # packaged name, or "self" to draft with the target; None: draft.path
     path: str | None = MISSING
     quant: str | None = MISSING  # None: same precision as the target
     lookup_min_n: int = MISSING  # prompt lookup first where this many context tokens match (0: model only)
@@ -464,6 +464,9 @@ def register_help_resolvers() -> None:
 
     OmegaConf.register_new_resolver("specpipe_groups", help_groups, replace=True)
     OmegaConf.register_new_resolver("specpipe_app", app_name, replace=True)
+    from specpipe.cli.usage import usage
+
+    OmegaConf.register_new_resolver("specpipe_usage", usage, replace=True)
     from specpipe.run_folder import fresh_dir_resolver
 
     OmegaConf.register_new_resolver("specpipe_fresh_dir", fresh_dir_resolver, replace=True)
@@ -478,6 +481,10 @@ def app_name(primary: str) -> str:
     import sys
     from pathlib import Path
 
+    from specpipe import run_folder
+
+    if run_folder.tool_name():  # the command hydra_main runs, however it was started (python -m ...)
+        return run_folder.tool_name()
     script = Path(sys.argv[0]).name
     return script if script.startswith("specpipe") else APPS.get(primary, "specpipe")
 

@@ -46,6 +46,10 @@ class RunStarted(Base, frozen=True, kw_only=True):  # frozen restated: mypy read
     draft_vocab_shared: int | None = None
     # settings the cost model predicts slower than plain decoding, one line each (specpipe/advice.py)
     warnings: list[str] = []
+    # the costs the "vs plain" estimate prices steps with (costmodel/worth.py calibrated_costs): T(n)/T(1)
+    # and the draft's cost per token; None: unknown, the estimate times the run's own plain steps instead
+    verify_ratio: dict[int, float] | None = None
+    draft_cost: float | None = None
 
 
 class PrefillProgress(Base, frozen=True, kw_only=True):

@@ -67,6 +67,7 @@ def check_config(cfg: DictConfig) -> str | None:
         _chain,
         _confidence,
         _prompt,
+        _draft_model,
     ):
         message = check(cfg)
         if message:
@@ -274,6 +275,20 @@ def _chain(cfg: DictConfig) -> str | None:
 
     tree = cfg.tree.get("name") if isinstance(cfg.get("tree"), DictConfig) else "chain"
     return check_sources(OmegaConf.to_container(draft.sources) if "sources" in draft else None, tree)
+
+
+NO_DRAFT_MODEL = (
+    "draft=model needs the model that drafts: draft.model=<packaged name, e.g. qwen2.5-coder-0.5b> or "
+    "draft.path=<file.gguf|folder> (draft.model=self, the target drafting for itself, is only a self-test)"
+)
+
+
+def _draft_model(cfg: DictConfig) -> str | None:
+    """draft=model without a draft model used to draft with the target itself (~0.7x): refused instead."""
+    draft = cfg.get("draft") if "draft" in cfg else None
+    if not isinstance(draft, DictConfig) or draft.get("name") != "model":
+        return None
+    return NO_DRAFT_MODEL if not draft.get("model") and not draft.get("path") else None
 
 
 def _confidence(cfg: DictConfig) -> str | None:

@@ -209,6 +209,11 @@ def name_tool(tool: str) -> None:
     _tool = tool
 
 
+def tool_name() -> str:
+    """The command `name_tool` named ("" before hydra_main ran)."""
+    return _tool
+
+
 def reserve_space(folder: Path, size: int = 64 * 1024) -> Path | None:
     """Hold `size` bytes (or the most of 64/16/4 KiB that fits) in a hidden file, so that
     when the disk fills up during a run, freeing it makes room for the summary."""

@@ -41,8 +41,9 @@ class Session:
         self.kv = build_plugin(cfg.kv, "kv") if cfg.get("kv") else FullKV()
         configure_engine(self.target, self.kv, cfg)
 
-        def load_draft(name=None, path=None, precision=None):
-            return configure_engine(load_engine(name, path, precision or cfg.quant.precision), self.kv, cfg)
+        def load_draft(name=None, path=None, precision=None, keys=("draft.model", "draft.path")):
+            engine = load_engine(name, path, precision or cfg.quant.precision, keys=keys)
+            return configure_engine(engine, self.kv, cfg)
 
         s = cfg.sampling
         self.sampler = Sampler(s.temperature, s.top_k, s.top_p, s.min_p, s.seed)
@@ -114,11 +115,20 @@ class Session:
             draft_vocab_map=self.drafter.vocab_map,
             draft_vocab_shared=self.drafter.vocab_shared,
             warnings=self.warnings,
+            **self._costs(),
         )
         pipeline = SpeculativePipeline(
             self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree
         )
         return pipeline.run(prompt_ids, max_tokens, control=control)
+
+    def _costs(self) -> dict:
+        """The estimate's costs for RunStarted, so that a consumer of events alone (the chat, a replay)
+        prices the run's steps as the CLI's summary does."""
+        from specpipe.costmodel.worth import calibrated_costs
+
+        ratio, c = calibrated_costs(self.budget, self.target, self.drafter)
+        return {"verify_ratio": ratio, "draft_cost": c}
 
     def budget_label(self) -> str:
         """e.g. fixed(k=8), adaptive(k=4, k_max=16), confidence(k=16, p_min=0.6), auto(k_max=16)."""

@@ -43,7 +43,7 @@ def test_every_drafter_builds_against_a_tiny_model(option):
         pytest.skip("needs an assistant folder and a gemma4 target: built from them in test_gemma4_assistant.py")
     if option == "dflash":
         pytest.skip("needs a drafter folder (draft.path): built from one in test_dflash_drafter.py")
-    extra = ["draft.depth=1"] if option == "layerskip" else []
+    extra = {"layerskip": ["draft.depth=1"], "model": ["draft.model=self"]}.get(option, [])
     cfg = compose_with([f"draft={option}", *extra])
     target = tiny("llama")
     drafter = build_plugin(cfg.draft, "draft", target=target, load=None)
@@ -100,7 +100,10 @@ def test_every_job_of_a_sweep_is_checked():
 
 
 def test_good_overrides_pass():
-    assert validate_overrides(["draft=model", "budget.k=16", "model=tiny-random", "model.arch=qwen2"]) is None
+    assert (
+        validate_overrides(["draft=model", "draft.model=self", "budget.k=16", "model=tiny-random", "model.arch=qwen2"])
+        is None
+    )
 
 
 @pytest.mark.parametrize("k", [0, 33, -1])

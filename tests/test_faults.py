@@ -814,7 +814,7 @@ def test_every_numeric_option_fails_cleanly_or_runs(case, value):
     text = f"'{value}'" if isinstance(value, str) else str(value)
     overrides = ["model=tiny-random", "prompt.text=ab ab", *([choice] if choice else []), f"{key}={text}"]
     if choice.startswith("tree=") and choice != "tree=chain":
-        overrides.append("draft=model")  # trees need a drafter with probabilities or n-gram lookups
+        overrides += ["draft=model", "draft.model=self"]  # trees need a drafter with probabilities or n-gram lookups
     message = validate_overrides(overrides, config_name=app, app=app)
     if message:
         assert "\n" not in message and "Traceback" not in message

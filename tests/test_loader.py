@@ -56,7 +56,7 @@ def test_folder_without_config_is_refused(tmp_path):
 
 def test_unknown_repo_id_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(SpecpipeError, match="does not exist"):
+    with pytest.raises(SpecpipeError, match="is not downloaded.*hf download nobody/nothing"):
         load_engine(path="nobody/nothing")
 
 

@@ -146,7 +146,7 @@ def test_confidence_without_a_drafter_that_takes_p_min_is_refused_before_loading
 
     message = validate_overrides(["budget=confidence", "draft=ngram"])
     assert message is not None and "needs a drafter with probabilities" in message
-    assert validate_overrides(["budget=confidence", "draft=model"]) is None
+    assert validate_overrides(["budget=confidence", "draft=model", "draft.model=self"]) is None
 
 
 # ---------------------------------------------------------------- no side effects

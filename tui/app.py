@@ -27,7 +27,7 @@ from textual.worker import WorkerCancelled, WorkerFailed, get_current_worker
 
 from specpipe.core.plan import K_MAX, RunControl
 from specpipe.events import Emitted, EventWriter, PrefillDone, PrefillProgress, RunError, RunFinished, RunStarted
-from tui.figures import Figures
+from tui.figures import Figures, paid_note
 from tui.messages import EventsArrived, GenerationEnded, GenerationFailed
 from tui.screens.config import ConfigScreen
 from tui.screens.help import HelpScreen
@@ -193,6 +193,8 @@ class ChatApp(App):
                 self.answer.special = self.source.special
                 self.answer.consume(event)
                 self.answer.note = self.progress_note(event, self.answer.note)
+                if isinstance(event, RunFinished):  # did it pay: the CLI summary's estimate, under the answer
+                    self.answer.note = paid_note(self.figures, self.answer.note)
             if isinstance(event, RunFinished):
                 self.end_turn(event.text)
         self.redraw()

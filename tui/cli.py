@@ -115,18 +115,7 @@ def parse_replay(argv: list[str]) -> tuple[str | None, float, list[str]]:
 # ---- the four ways to start
 
 
-USAGE = """\
-specpipe-chat [overrides]                      chat with the composed config (as specpipe)
-specpipe-chat --replay FILE [--speed X]        play a recording (events.jsonl, or a chat saved with Ctrl+S)
-specpipe-chat --resume FILE [key=value ...]    continue a recorded chat with its config
-specpipe-chat serve.url=http://127.0.0.1:8000   chat with a running specpipe-serve
-specpipe-chat --web [--port N] [any of these]  the same in a browser, at http://127.0.0.1:N (default 8001)
-"""
-
-
 def _live(rest: list[str]) -> None:
-    if "-h" in rest or "--help" in rest:
-        print(USAGE)
     sys.argv = sys.argv[:1] + rest  # Hydra reads sys.argv
     # prompt forms as in specpipe, the override check, one-line errors
     hydra_main("specpipe-chat", "config", _task, prompts=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from specpipe.costmodel.worth import StepLog
 from specpipe.events import Drafted, RunError, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 
@@ -28,8 +29,11 @@ class Figures:
         self.k_label = ""  # a served chat: the server's K as its budget label gives it (figures.served_k)
         self.step_rates: list[float] = []  # acceptance rate per step, whole chat
         self.stop_reason = ""
-        self.peak_memory_bytes = 0
+        self.peak_memory_bytes = 0  # MLX's own counter (0 where it has none)
+        self.peak_rss_bytes = 0  # the process's resident peak: what the CLI's summary line says
         self.running = False
+        self._steps = StepLog()  # the "vs plain" estimate: the CLI summary's own function, per answer
+        self._costs: tuple[dict[int, float] | None, float | None] = (None, None)
         self._collector = StatsCollector()
         self._step_k: dict[int, int] = {}
         self.warnings: list[str] = []  # settings the cost model predicts slower than plain (RunStarted.warnings)
@@ -39,7 +43,10 @@ class Figures:
     def consume(self, event) -> None:
         if isinstance(event, RunStarted):
             self._collector = StatsCollector()  # figures are per answer; the sparkline spans the chat
+            self._steps = StepLog()
+            self._costs = (event.verify_ratio, event.draft_cost)
         self._collector.consume(event)
+        self._steps.consume(event)
         if isinstance(event, RunStarted):
             self.target, self.drafter = event.target.name, event.drafter
             self.budget, self.rollback, self.compare = event.budget, event.rollback, event.compare
@@ -49,7 +56,7 @@ class Figures:
             self.warnings = list(event.warnings)
             self.served = event.target.source == "server"  # no step events: the figures come with RunFinished
             self.k_label = served_k(event.budget) if self.served else ""
-            self.stop_reason, self.running, self.peak_memory_bytes = "", True, 0
+            self.stop_reason, self.running, self.peak_memory_bytes, self.peak_rss_bytes = "", True, 0, 0
         elif isinstance(event, Drafted):
             self.k = event.k
             self.source = event.source if event.draft_ids else ""
@@ -62,7 +69,7 @@ class Figures:
         elif isinstance(event, RunFinished):
             self.stop_reason, self.running = event.stop_reason, False
             self._finished = event.stats if self.served else None
-            self.peak_memory_bytes = event.stats.peak_memory_bytes or event.stats.peak_rss_bytes
+            self.peak_memory_bytes, self.peak_rss_bytes = event.stats.peak_memory_bytes, event.stats.peak_rss_bytes
         elif isinstance(event, RunError):
             self.stop_reason, self.running = "error", False
 
@@ -74,33 +81,61 @@ class Figures:
                 self._finished, decode_tok_s=self._finished.decode_tok_s or s.decode_tok_s, ttft_s=s.ttft_s
             )
         rate = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "-"
+        speculating = self.drafter != "none"  # plain decoding has no budget, K or acceptance to show
+        estimate = self.estimate()
         return [
-            ("acceptance", rate),
+            *([("acceptance", rate)] if speculating else []),
             ("tok/forward", f"{s.tokens_per_forward:.2f}" if s.steps else "-"),
             ("tok/s", f"{s.decode_tok_s:.1f}" if s.decode_tok_s else "-"),
+            *([("vs plain", f"~{estimate:.1f}x (est.)" if estimate > 0 else "-")] if speculating else []),
             ("TTFT", f"{s.ttft_s:.2f} s" if s.ttft_s else "-"),
             ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
-            ("K", self._k_shown()),
+            *([("K", self._k_shown())] if speculating else []),
             # draft=chain: accepted / drafted per source this answer
             *([("sources", by_source(s.drafted_by_source, s.accepted_by_source))] if s.drafted_by_source else []),
             ("drafter", self.drafter),
             *([("vocab map", self.vocab_map)] if self.vocab_map else []),
-            ("budget", self.budget),
+            *([("budget", self.budget)] if speculating else []),
             *([("tree", short_tree(self.tree))] if self.tree else []),
             ("rollback", self.rollback),
             ("compare", self.compare),
             ("target", self.target),
-            ("peak mem", f"{self.peak_memory_bytes / 2**20:.0f} MiB" if self.peak_memory_bytes else "-"),
+            ("peak mem", self._memory_shown()),
             ("stop", self.stop_reason or ("running" if self.running else "-")),
             # the lines themselves are a notice when they first arrive, and head the F2 config screen
             *([("warning", "slower (see F2)")] if self.warnings else []),
         ]
 
+    def estimate(self) -> float:
+        """This answer's speed-up against plain decoding, as the CLI's summary estimates it; 0.0: none."""
+        if self.served:  # a served answer's steps are the server's; its events carry no step timings
+            return 0.0
+        return self._steps.estimate(*self._costs)[0]
+
     def _k_shown(self) -> str:
-        """The latest step's K, with the chain's source that drafted it: "4 (ngram)"."""
+        """The budget's K for the latest step and the budget it comes from: "4 of fixed(k=8)";
+        a chain adds the source that drafted it: "4 (ngram) of fixed(k=8)"."""
         if self.k is None:
             return self.k_label or "-"
-        return f"{self.k} ({self.source})" if self.source else str(self.k)
+        k = f"{self.k} ({self.source})" if self.source else str(self.k)
+        return k if self.served or self.budget == "-" else f"{k} of {self.budget}"
+
+    def _memory_shown(self) -> str:
+        """Resident (the CLI's figure) and MLX's own counter, each labelled: "810 MiB RSS, 528 MLX"."""
+        parts = [f"{self.peak_rss_bytes / 2**20:.0f} MiB RSS"] if self.peak_rss_bytes else []
+        if self.peak_memory_bytes:
+            parts.append(f"{self.peak_memory_bytes / 2**20:.0f} {'MLX' if parts else 'MiB MLX'}")
+        return ", ".join(parts) or "-"
+
+
+def paid_note(figures: Figures, note: str) -> str:
+    """The line under a finished answer with whether speculation paid: "~2.1x vs plain (estimated)", or
+    "~0.7x vs plain (estimated): speculation did not pay"; `note` (a stop reason) kept in front."""
+    x = figures.estimate() if figures.drafter != "none" else 0.0
+    if x <= 0:
+        return note
+    line = f"~{x:.1f}x vs plain (estimated)" + (": speculation did not pay" if x < 1.0 else "")
+    return f"{note}  {line}" if note else line
 
 
 def by_source(drafted: dict[str, int], accepted: dict[str, int]) -> str:

@@ -500,7 +500,9 @@ def _write_serve_report(records: list[dict], out_dir: Path, sources: list[Path])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="specpipe-bench-report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="specpipe-bench-report", description=" ".join(__doc__.split("\n\n")[0].split())
+    )  # the first paragraph, whole
     parser.add_argument("dir", help="a bench run or sweep folder (or a bench.jsonl file)")
     args = parser.parse_args(argv)
     try:

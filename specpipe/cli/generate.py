@@ -26,6 +26,10 @@ def main() -> None:
         print(f"{TOOL}: error: stopped by {signals.name()}{interrupted}", file=sys.stderr)
         sys.exit(signals.exit_code())
     hydra_main(TOOL, "config", _task, prompts=True, interrupted=interrupted)
+    from specpipe.cli.sweep_table import table
+
+    if table():  # a sweep (-m) ends with its jobs side by side, after Hydra's and each job's own lines
+        say(table())
 
 
 def _task(cfg) -> None:
@@ -33,12 +37,42 @@ def _task(cfg) -> None:
     from specpipe.cli.shell import EXIT_RUN, fail
     from specpipe.runner import run
 
-    result = run(cfg, on_event=TerminalPrinter(stream=cfg.stream, progress_tokens=cfg.prefill.progress_tokens))
+    # the answer shows under the prompt it answers when the user did not type one (the README's first run)
+    shown = None if _prompt_typed() else (_prompt_choice(), str(cfg.prompt.text))
+    printer = TerminalPrinter(stream=cfg.stream, progress_tokens=cfg.prefill.progress_tokens, default_prompt=shown)
+    result = run(cfg, on_event=printer)
     if result.error:  # the run folder could not be written (disk full): the line says what was kept
         fail(TOOL, result.error, EXIT_RUN)
     say(summary_line(result))
+    _record_sweep_job(result)
     if result.stop_reason == "interrupted" or signals.stdout_lost():
         sys.exit(signals.exit_code())
+
+
+def _prompt_typed() -> bool:
+    """The user named the prompt (positional text, --prompt, -, prompt.file=, prompt.text= or prompt=NAME)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return True
+    keys = {o.split("=", 1)[0].lstrip("+") for o in HydraConfig.get().overrides.task}
+    return bool(keys & {"prompt", "prompt.text"})
+
+
+def _prompt_choice() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return str(HydraConfig.get().runtime.choices.get("prompt", "code-edit"))
+
+
+def _record_sweep_job(result) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specpipe.cli import sweep_table
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep_table.record(list(HydraConfig.get().overrides.task), result)
 
 
 def say(line: str) -> None:
@@ -52,9 +86,10 @@ def say(line: str) -> None:
 class TerminalPrinter:
     """Streams generated text to stdout as Emitted events arrive."""
 
-    def __init__(self, stream: bool = True, progress_tokens: int = 2048):
+    def __init__(self, stream: bool = True, progress_tokens: int = 2048, default_prompt: tuple[str, str] | None = None):
         self.stream = stream
         self.progress = PrefillBar(progress_tokens)
+        self.default_prompt = default_prompt  # (its prompt= name, its text): shown above the answer
 
     def __call__(self, event) -> None:
         from specpipe.engine.load.blas import blas_info, blas_phrase
@@ -67,12 +102,17 @@ class TerminalPrinter:
                 draft += f" (head cut to {event.draft_head_rows} rows + the context's)"
             if event.draft_vocab_map:  # another tokenizer: say how its drafts reach the target's ids
                 draft += f" (vocab_map={event.draft_vocab_map}, {event.draft_vocab_shared} tokens shared)"
+            budget = f"budget={event.budget}, " if event.drafter != "none" else ""  # plain decoding has no K
             say(
                 f"specpipe: {event.target.name} ({event.target.precision}){draft}, drafter={event.drafter}, "
-                f"budget={event.budget}, rollback={event.rollback}, {blas_phrase(blas_info())}"
+                f"{budget}rollback={event.rollback}, {blas_phrase(blas_info())}"
             )
             for warning in event.warnings:  # a setting predicted slower than plain (specpipe/advice.py)
                 say(f"specpipe: warning: {warning}")
+            if self.default_prompt:
+                name, text = self.default_prompt
+                say(f'specpipe: the default prompt (prompt={name}; give yours as specpipe "..."):')
+                say("\n".join(f"  | {line}".rstrip() for line in text.splitlines()))
         elif isinstance(event, Emitted) and self.stream:
             self._write(event.text)
         elif isinstance(event, RunFinished):
@@ -132,9 +172,11 @@ def summary_line(result) -> str:
     by = getattr(result, "interrupted_by", "")
     if by:  # a stdout that failed after the last token (stream=false | true) cut only the output
         by = f" by {by}" if result.stop_reason == "interrupted" else f", output cut by {by}"
+    plain = getattr(result, "drafter", "") == "none"  # draft=none drafts nothing: no acceptance to state
+    acceptance = "" if plain else f" | acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
     return (
-        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}) | acceptance {s.acceptance_rate:.0%} "
-        f"({s.accepted}/{s.drafted}) | {s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
+        f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}){acceptance} | "
+        f"{s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
         f"TTFT {s.ttft_s:.2f}s | prefill {s.prefill_tok_s:.0f} tok/s ({s.prompt_tokens} tokens{_draft_prefill(s)}) | "
         f"KV {s.kv_bytes_per_token / 1024:.1f} KiB/token | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
         f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS{_worth(result)} | {result.output_dir}"

@@ -58,6 +58,14 @@ def hydra_main(
 
         name_tool(tool)
         preload_blas()
+        from specpipe.cli.usage import flags, unknown_flag, version_text
+
+        if "--version" in flags(sys.argv[1:]):  # Hydra's own --version names only Hydra
+            print_result(tool, version_text(), kept="nothing to keep")
+            return
+        mistyped = unknown_flag(sys.argv[1:], tool)
+        if mistyped:  # before Hydra, whose answer is its whole usage block
+            fail(tool, mistyped, EXIT_CONFIG)
         argv = prepare_argv(config_name, tool, prompts=prompts)
         from specpipe.cli.argv import is_hydra_meta
 

@@ -81,7 +81,7 @@ class ModelDrafter(DrafterBase):
         self,
         target,
         load,
-        model: str = "self",
+        model: str | None = None,
         path: str | None = None,
         quant: str | None = None,
         sampler=None,
@@ -93,8 +93,8 @@ class ModelDrafter(DrafterBase):
         """
         Args:
             target: the target Engine (reused when model == "self").
-            load: callable(name, path, precision) -> Engine, from the runner.
-            model: packaged name, "self", or ignored when `path` is set.
+            load: callable(name, path, precision, keys) -> Engine, from the runner (keys: the config keys for messages).
+            model: packaged name, "self", or ignored when `path` is set; None needs `path`.
             path: GGUF file or model folder of the draft model.
             quant: draft weight precision; None = same as the target's config.
             sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
@@ -115,13 +115,19 @@ class ModelDrafter(DrafterBase):
         self.evidence_is_free = self._lookup is not None
         self.sampler = sampler
         self.p_min = p_min
-        if not path and (model.endswith(".gguf") or "/" in model):
-            path = model  # draft.model=/path/to/file.gguf (or folder) works like draft.path
+        if model is None and not path:  # a composed config never gets here: preflight refuses it first
+            from specpipe.errors import ConfigError
+            from specpipe.preflight import NO_DRAFT_MODEL
+
+            raise ConfigError(NO_DRAFT_MODEL)
+        path_key = "draft.path"
+        if not path and model and (model.endswith(".gguf") or "/" in model):
+            path, path_key = model, "draft.model"  # draft.model=/path/to/file.gguf (or folder) works like draft.path
         self._cross: CrossVocab | None = None  # the token map of a draft with another tokenizer
         if model == "self" and not path:
             self.engine = target
         else:
-            self.engine = load(name=None if path else model, path=path, precision=quant)
+            self.engine = load(name=None if path else model, path=path, precision=quant, keys=("draft.model", path_key))
             diff = _once(self.engine, target, "same_vocabulary", lambda: same_vocabulary(target, self.engine))
             if diff is not None:  # different tokenizers (or logit widths): draft through a token map
                 chosen = _once(
@@ -142,6 +148,11 @@ class ModelDrafter(DrafterBase):
         self.forwards = 0
         self._rollback: Rollback | None = None  # the run's rollback strategy, for this drafter's own cache
         self._fed: list[int] | None = None  # ids fed into the cache since the strategy's before_forward
+
+    @property
+    def token_map(self) -> CrossVocab | None:
+        """The map onto the target's tokens when the draft's tokenizer is another one, else None."""
+        return self._cross
 
     def _shared_vocab(self, vocab: int | None, target) -> DraftVocab | None:
         """This drafter's own fork of the head cut every drafter on this draft engine shares (`_once`)."""

@@ -81,7 +81,8 @@ def _task(cfg) -> None:
     host, port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
     policy = listen(port)
     state = ServeState(session, worker, session.target.info.name, log, metrics)
-    server = _uvicorn(make_app(state, policy), cfg.shutdown_grace_s, cfg.keep_alive_s)
+    app = make_app(state, policy, access_log=_console_line if cfg.access_log else None)
+    server = _uvicorn(app, cfg.shutdown_grace_s, cfg.keep_alive_s)
     stopped = {}
 
     def stop(signum: int) -> None:
@@ -151,6 +152,10 @@ def _check_values(cfg) -> None:
             "need shutdown_grace_s >= 0 and keep_alive_s > 0 (seconds)",
             EXIT_CONFIG,
         )
+
+
+def _console_line(line: str) -> None:
+    print(f"{TOOL}: {line}", file=sys.stderr, flush=True)
 
 
 def _listen_policy(cfg):

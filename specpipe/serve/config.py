@@ -28,6 +28,7 @@ class ServeConfig(PipelineGroups):
     prefill_per_step: int = MISSING  # prompt tokens of joining requests prefilled between two decode steps
     shutdown_grace_s: float = MISSING  # after SIGTERM, in-flight responses get this long to be written
     keep_alive_s: float = MISSING  # an idle kept-alive connection closes after this long
+    access_log: bool = MISSING  # one line per request on the console (method, path, status, id, tokens, time)
     stream: bool = MISSING  # unused by the server (kept for the Session's config view)
 
 

@@ -7,7 +7,9 @@ Contract: `Guard(app, policy)` refuses, in OpenAI's error shape and one line eac
   origin may not drive the API even where the browser lets the request through without a preflight);
 - a POST whose `Content-Type` is not `application/json` -> 415 (`text/plain` needs no CORS preflight);
 - a missing or wrong `Authorization: Bearer <key>` when a key is set -> 401 (compared in constant time).
-An allowed origin gets the CORS headers it needs, its preflight `OPTIONS` a 204. /health needs no key
+An allowed origin gets the CORS headers it needs, its preflight `OPTIONS` a 204 that allows the request
+headers it asks for (the OpenAI JS SDK's `x-stainless-*`, `openai-organization`...: mlx_lm.server and
+llama-server allow any; the checks above are what guard the API, not the header list). /health needs no key
 (a load balancer's probe) but still a local Host. No HTTP framing here: uvicorn/h11 refuse bad framing.
 """
 
@@ -16,9 +18,12 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from dataclasses import dataclass, field
 
 CORS_MAX_AGE_S = "600"
+ALWAYS_ALLOWED_HEADERS = ("Authorization", "Content-Type")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: anything else is not echoed
 OPEN_PATHS = ("/health",)  # answered without a key: it tells nothing but "up" and the queue length
 
 
@@ -69,7 +74,7 @@ class Guard:
             await _error(send, *refusal, cors_origin=origin if cors else None)
             return
         if scope["method"] == "OPTIONS":  # a CORS preflight from an allowed origin (refusal let it through)
-            await _preflight(send, origin or "")
+            await _preflight(send, origin or "", headers.get("access-control-request-headers", ""))
             return
         if not cors:
             await self.app(scope, receive, send)
@@ -137,11 +142,21 @@ def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
     ]
 
 
-async def _preflight(send, origin: str) -> None:
+def allowed_request_headers(requested: str) -> str:
+    """The preflight's Access-Control-Allow-Headers: what the page asked for, plus Authorization and
+    Content-Type (a `*` would not cover Authorization in browsers, so the names are echoed)."""
+    names = list(ALWAYS_ALLOWED_HEADERS)
+    for name in (n.strip() for n in requested.split(",")):
+        if _HEADER_NAME.fullmatch(name) and name.lower() not in {n.lower() for n in names}:
+            names.append(name)
+    return ", ".join(names)
+
+
+async def _preflight(send, origin: str, requested_headers: str) -> None:
     headers = [
         *_cors_headers(origin),
         (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-        (b"access-control-allow-headers", b"Authorization, Content-Type"),
+        (b"access-control-allow-headers", allowed_request_headers(requested_headers).encode("latin-1")),
         (b"access-control-max-age", CORS_MAX_AGE_S.encode()),
         (b"content-length", b"0"),
     ]

@@ -23,7 +23,9 @@ import json
 import queue
 import secrets
 import time
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -33,6 +35,7 @@ from starlette.routing import Route
 
 from specpipe.core.sampling import check_sampling
 from specpipe.engine.context import overflow_message
+from specpipe.serve.access_log import AccessLog, note
 from specpipe.serve.guard import Guard, Policy
 from specpipe.serve.openai_api import (
     BadRequest,
@@ -81,7 +84,8 @@ def model_aliases(model_name: str, session) -> set[str]:
     return {n for n in names if n}
 
 
-def make_app(state: ServeState, policy: Policy):
+def make_app(state: ServeState, policy: Policy, access_log: Callable[[str], None] | None = None):
+    """The server's ASGI app; `access_log` takes one console line per request (None: no lines)."""
     budget = state.session.budget
     # what a client shows beside the answers (specpipe-chat serve.url=...): the drafter and the budget's K
     setup = {
@@ -128,7 +132,8 @@ def make_app(state: ServeState, policy: Policy):
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
     app.router.redirect_slashes = False
-    return Guard(app, policy)
+    guarded = Guard(app, policy)
+    return AccessLog(guarded, access_log) if access_log is not None else guarded
 
 
 # ---------------------------------------------------------------------- routes
@@ -161,9 +166,10 @@ async def _complete(state: ServeState, http: Request, parse) -> Response:
         state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
         return _json(429, error_body(f"busy: {exc}; retry later", "server_busy", 429))
     rid = new_id(request.kind)
+    note(http.scope, id=rid)
     if request.stream:
         return StreamingResponse(
-            _stream(state, request.kind, rid, job, seed),
+            _stream(state, request.kind, rid, job, seed, http.scope),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -271,6 +277,7 @@ async def _whole(state: ServeState, http: Request, kind: str, rid: str, job: Job
         status = _error_status(value)
         return _json(status, error_body(value, "server_error", status))
     state.log({"id": rid, "stream": False, **_log_fields(value)})
+    note(http.scope, prompt_tokens=value.prompt_tokens, completion_tokens=value.completion_tokens)
     return _json(200, completion_body(kind, rid, state.model_name, value, seed))
 
 
@@ -287,7 +294,7 @@ async def _disconnected(http: Request) -> None:
         pass
 
 
-async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | None):
+async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | None, scope: MutableMapping[str, Any]):
     """The SSE body. Starlette cancels it when the client disconnects: `finally` cancels the job."""
     model = state.model_name
     ended = False
@@ -307,6 +314,7 @@ async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | 
             else:
                 ended = True
                 state.log({"id": rid, "stream": True, **_log_fields(value)})
+                note(scope, prompt_tokens=value.prompt_tokens, completion_tokens=value.completion_tokens)
                 yield _event(chunk_body(kind, rid, model, None if kind == "chat" else "", finished=value, seed=seed))
         yield b"data: [DONE]\n\n"
     finally:

@@ -10,11 +10,19 @@ from __future__ import annotations
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Label, Sparkline, Static
+from textual.widgets import Label, Static
 
 from tui.figures import Figures
+from tui.widgets.step_strip import LEVELS
 
 COLUMN_WIDTH = 26  # one label + value pair: "acceptance  30% (33/111)"
+
+
+def rate_bars(rates: list[float], width: int) -> str:
+    """The last `width` steps' acceptance on a fixed 0..1 scale (`▁` none, `█` all), so a 12% step is low
+    however the other steps went (a min-max scaled sparkline drew a lone 12% step at full height).
+    Example: [0.0, 0.125, 1.0] -> "▁▂█"."""
+    return "".join(LEVELS[min(len(LEVELS) - 1, round(rate * (len(LEVELS) - 1)))] for rate in rates[-width:])
 
 
 class StatsPanel(Vertical):
@@ -25,7 +33,7 @@ class StatsPanel(Vertical):
     def compose(self) -> ComposeResult:
         with Horizontal(id="spark-row"):
             yield Label("acceptance per step", classes="panel-title")
-            yield Sparkline([], summary_function=max, id="acceptance-spark")
+            yield Static(id="acceptance-spark")
         yield Static(id="figures")
 
     def on_resize(self) -> None:
@@ -34,7 +42,8 @@ class StatsPanel(Vertical):
     def show(self, figures: Figures, next_k: int | None = None) -> None:
         """Redraw from `figures`; `next_k` is a K override waiting for the next steps."""
         self._shown = (figures, next_k)
-        self.query_one(Sparkline).data = figures.step_rates
+        spark = self.query_one("#acceptance-spark", Static)
+        spark.update(rate_bars(figures.step_rates, max(1, spark.size.width)))
         rows = []
         for label, value in figures.rows():
             if label == "K" and next_k is not None and next_k != figures.k:

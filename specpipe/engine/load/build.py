@@ -143,16 +143,9 @@ def auto_precision(model: nn.Module) -> str:
     n_params += sum(v.size for _, v in tree_flatten(model.parameters()) if v.dtype != mx.uint32) - sum(
         m.scales.size * 2 for _, m in model.named_modules() if hasattr(m, "bits") and hasattr(m, "scales")
     )
-    return "float32" if n_params * 4 < 0.4 * _total_ram() else "stored"
+    from specpipe.engine.load.load_progress import AUTO_FLOAT32_RAM_SHARE, total_ram  # one rule, priced before loads
 
-
-def _total_ram() -> int:
-    import os
-
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
+    return "float32" if n_params * 4 < AUTO_FLOAT32_RAM_SHARE * total_ram() else "stored"
 
 
 def _has_half(model: nn.Module) -> bool:

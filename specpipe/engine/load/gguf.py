@@ -30,6 +30,8 @@ import mmap
 import re
 import struct
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,11 +85,12 @@ class _TensorInfo:
     offset: int  # absolute byte offset in the file
 
 
-def read_gguf(path: str | Path) -> Checkpoint:
+def read_gguf(path: str | Path, on_tensor: Callable[[int], None] | None = None) -> Checkpoint:
     """Read a GGUF model file (llama or qwen2) into a `Checkpoint`.
 
     Args:
         path: the `.gguf` file.
+        on_tensor: called with the number of tensors read so far since the last call (a progress bar).
 
     Returns:
         A `Checkpoint` whose config, weights and quantization feed
@@ -109,7 +112,7 @@ def read_gguf(path: str | Path) -> Checkpoint:
 
     # Tokenizer first: its errors should not wait for gigabytes of tensors.
     tokenizer, eos_ids = build_tokenizer(meta, path.name)
-    weights, quantization, route = _load_tensors(path, tensors)
+    weights, quantization, route = _load_tensors(path, tensors, on_tensor or (lambda n: None))
     weights = _rename(path, weights)
     quantization = {_rename_module(k): v for k, v in quantization.items()}
     if arch == "llama":
@@ -145,17 +148,12 @@ def read_header(path: str | Path) -> tuple[dict, dict[str, _TensorInfo]]:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise SpecpipeError(f"{path} is not a GGUF file (no 'GGUF' magic bytes); pass a .gguf model file")
+    with _mapped(path) as buf:
         try:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (ValueError, OSError) as exc:
-            raise SpecpipeError(f"cannot map {path}: {exc}; check the file is readable") from exc
-    try:
-        meta, tensors = _parse(buf)
-        size = len(buf)
-    except (struct.error, IndexError, UnicodeDecodeError, KeyError, ValueError) as exc:
-        raise SpecpipeError(f"{path} is a truncated or corrupt GGUF file ({exc}); download it again") from exc
-    finally:
-        buf.close()
+            meta, tensors = _parse(buf)
+            size = len(buf)
+        except (struct.error, IndexError, UnicodeDecodeError, KeyError, ValueError) as exc:
+            raise SpecpipeError(f"{path} is a truncated or corrupt GGUF file ({exc}); download it again") from exc
     needed = max((_tensor_end(t) for t in tensors.values()), default=0)
     if needed > size:
         raise SpecpipeError(
@@ -163,6 +161,28 @@ def read_header(path: str | Path) -> tuple[dict, dict[str, _TensorInfo]]:
             f"({size / needed:.0%}); download or copy it again"
         )
     return meta, tensors
+
+
+@contextmanager
+def _mapped(path: Path) -> Iterator[mmap.mmap]:
+    """The file mapped read-only, closed on the way out -- unless a numpy view of it is still alive.
+
+    A stop signal (Ctrl-C, SIGTERM) landing while `np.frombuffer` holds a view makes `mmap.close()`
+    raise `BufferError: cannot close exported pointers exist`, which would replace the
+    KeyboardInterrupt and end the command in a traceback; the map is freed with its last view instead.
+    """
+    with open(path, "rb") as f:
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError) as exc:
+            raise SpecpipeError(f"cannot map {path}: {exc}; check the file is readable") from exc
+    try:
+        yield buf
+    finally:
+        try:
+            buf.close()
+        except BufferError:
+            pass
 
 
 def _tensor_end(t: _TensorInfo) -> int:
@@ -265,17 +285,18 @@ def _config(path: Path, arch: str, meta: dict, tensors: dict[str, _TensorInfo]) 
     return config
 
 
-def _load_tensors(path: Path, tensors: dict[str, _TensorInfo]):
+def _load_tensors(path: Path, tensors: dict[str, _TensorInfo], on_tensor: Callable[[int], None]):
     """All tensors by GGUF name, the quantized triplets' params, and the route taken."""
     # mx.load (mlx 0.32) also accepts some K-quant files, converting them to
     # float16 -- and gets Q4_K wrong (|err| ~ |w|; Q6_K was right). So only
     # files made entirely of types it maps exactly go through it.
     if any(t.ggml_type not in _MX_EXACT for t in tensors.values()):
-        return _dequantize_all(path, tensors), {}, "gguf-dequantized-float32"
+        return _dequantize_all(path, tensors, on_tensor), {}, "gguf-dequantized-float32"
     try:
         weights = mx.load(str(path))
     except (RuntimeError, ValueError):  # e.g. "[load_gguf] gguf_tensor_to_f16 failed"
-        return _dequantize_all(path, tensors), {}, "gguf-dequantized-float32"
+        return _dequantize_all(path, tensors, on_tensor), {}, "gguf-dequantized-float32"
+    on_tensor(len(tensors))  # mx.load maps them all at once
     quantization = {}
     for name, w in weights.items():
         if name.endswith(".scales"):
@@ -286,9 +307,11 @@ def _load_tensors(path: Path, tensors: dict[str, _TensorInfo]):
     return weights, quantization, "mx.load"
 
 
-def _dequantize_all(path: Path, tensors: dict[str, _TensorInfo]) -> dict[str, mx.array]:
+def _dequantize_all(
+    path: Path, tensors: dict[str, _TensorInfo], on_tensor: Callable[[int], None]
+) -> dict[str, mx.array]:
     out = {}
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with _mapped(path) as buf:
         for t in tensors.values():
             try:
                 qtype = GGMLQuantizationType(t.ggml_type)
@@ -304,6 +327,7 @@ def _dequantize_all(path: Path, tensors: dict[str, _TensorInfo]) -> dict[str, mx
             out[t.name] = mx.array(arr.astype(np.float32, copy=False).reshape(t.shape))
             mx.eval(out[t.name])
             del raw, arr
+            on_tensor(1)
     return out
 
 

@@ -33,6 +33,7 @@ def load_engine(
     arch: str = "llama",
     seed: int = 0,
     tiny: dict | None = None,
+    keys: tuple[str, str] = ("model", "model.path"),
 ) -> Engine:
     """Load one model.
 
@@ -43,13 +44,15 @@ def load_engine(
         precision: weight precision (see engine/load/build.py PRECISIONS).
         arch, seed, tiny: for "tiny-random": mlx-lm model_type, weight seed,
             config overrides.
+        keys: the config keys the user typed `name` and `path` as, for the messages
+            (a draft's are `("draft.model", "draft.path")`).
     """
     if path:
-        engine = _load_path(str(path))
+        engine = _load_path(str(path), keys[1], precision)
     elif name == TINY:
         engine = _load_tiny(arch, seed, tiny or {})
     elif name:
-        engine = _load_packaged(name)
+        engine = _load_packaged(name, keys, precision)
     else:
         raise SpecpipeError("no model given: set model=<packaged name> or model.path=<file.gguf|folder>")
     apply_precision(engine.model, precision)
@@ -70,12 +73,14 @@ def load_target(cfg) -> Engine:
 # ---------------------------------------------------------------- sources
 
 
-def _load_packaged(name: str) -> Engine:
+def _load_packaged(name: str, keys: tuple[str, str] = ("model", "model.path"), precision: str = "stored") -> Engine:
     from specpipe.engine.load import model_store
 
     if name not in model_store.PACKAGED_MODELS:
         known = ", ".join(sorted(model_store.PACKAGED_MODELS) + [TINY])
-        raise SpecpipeError(f"unknown model {name!r}: choose one of {known}, or set model.path=<file.gguf|folder>")
+        raise SpecpipeError(
+            f"unknown {keys[0]} {name!r}: choose one of {known}, or set {keys[1]}=<file.gguf|folder|org/repo>"
+        )
     if name in UNSUPPORTED_PACKAGED:
         from specpipe.engine.load.gguf import SUPPORTED_ARCHS
 
@@ -87,33 +92,46 @@ def _load_packaged(name: str) -> Engine:
         )
     gguf_path = model_store.model_path(name)
     sha = model_store.PACKAGED_MODELS[name].sha256
-    return _load_gguf(gguf_path, name=name, source="packaged", sha256=sha)
+    return _load_gguf(gguf_path, name=name, source="packaged", sha256=sha, precision=precision)
 
 
-def _load_path(path: str) -> Engine:
+def _load_path(path: str, key: str = "model.path", precision: str = "stored") -> Engine:
     p = Path(path).expanduser()
     if not p.exists():
-        from specpipe.engine.load.model_store import resolve_hf_cache
+        from specpipe.engine.load.model_store import hf_hub_dir, resolve_hf_cache
 
-        if "/" in path and not path.startswith((".", "/", "~")):
+        if looks_like_repo_id(path):
             found = resolve_hf_cache(path)
             if found is not None:
                 return _load_folder(found, name=path)
+            raise SpecpipeError(
+                f"{key}={path} is not downloaded (no config.json for it in the Hugging Face cache {hf_hub_dir()}; "
+                f"specpipe never downloads): on a machine that reaches the hub run `hf download {path}` "
+                "(pip install huggingface_hub), copy that cache folder here (or point HF_HUB_CACHE at it), "
+                "then run this again"
+            )
         raise SpecpipeError(
-            f"model.path {path!r} does not exist: give a .gguf file, a model folder, "
-            f"or a repo id in the local Hugging Face cache"
+            f"{key} {path!r} does not exist: give a .gguf file, a model folder, "
+            f"or a repo id (org/name) in the local Hugging Face cache"
         )
     if p.is_dir():
         return _load_folder(p, name=p.name)
-    return _load_gguf(p, name=p.stem, source="gguf", sha256=file_sha256(p))
+    return _load_gguf(p, name=p.stem, source="gguf", sha256=file_sha256(p), precision=precision)
 
 
-def _load_gguf(path: Path, name: str, source: str, sha256: str) -> Engine:
+def _load_gguf(path: Path, name: str, source: str, sha256: str, precision: str = "stored") -> Engine:
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
-    from specpipe.engine.load.gguf import read_gguf
+    from specpipe.engine.load.gguf import read_gguf, read_header
+    from specpipe.engine.load.load_progress import LoadProgress, gguf_bytes_needed, memory_notice, say
 
-    ckpt = read_gguf(path)
+    # before any tensor is read: a load that cannot fit is said while there is still time to stop it
+    tensors = read_header(path)[1]
+    notice = memory_notice(name, gguf_bytes_needed(path, tensors, precision, on_gpu=mx.default_device() == mx.gpu))
+    if notice:
+        say(f"warning: {notice}")
+    with LoadProgress(name, len(tensors)) as progress:
+        ckpt = read_gguf(path, on_tensor=progress.step)
     model = build_model(ckpt.config, ckpt.weights, ckpt.quantization)
     tokenizer = TokenizerWrapper(ckpt.tokenizer, BPEStreamingDetokenizer, eos_token_ids=ckpt.eos_token_ids)
     info = ModelInfo(
@@ -162,6 +180,17 @@ def _load_tiny(arch: str, seed: int, overrides: dict) -> Engine:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def looks_like_repo_id(path: str) -> bool:
+    """`org/name` as the hub spells it, not a file path (`./x`, `/x`, `~/x`, `a/b/c`, `x.gguf`)."""
+    import re
+
+    return (
+        re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None
+        and not path.startswith((".", "~"))
+        and not path.endswith(".gguf")
+    )
 
 
 def _first_line(exc: Exception) -> str:

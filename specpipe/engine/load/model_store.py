@@ -351,6 +351,15 @@ def verify(name: str) -> Path:
     return target
 
 
+def hf_hub_dir() -> Path:
+    """The local Hugging Face cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
 def resolve_hf_cache(repo_id: str) -> Path | None:
     """Find a downloaded model folder for `repo_id` ("org/name") in the local Hugging Face cache.
 
@@ -361,13 +370,7 @@ def resolve_hf_cache(repo_id: str) -> Path | None:
     Returns:
         The snapshot folder, or None if there is none.
     """
-    if os.environ.get("HF_HUB_CACHE"):
-        hub = Path(os.environ["HF_HUB_CACHE"])
-    elif os.environ.get("HF_HOME"):
-        hub = Path(os.environ["HF_HOME"]) / "hub"
-    else:
-        hub = Path.home() / ".cache" / "huggingface" / "hub"
-    repo = hub.expanduser() / ("models--" + repo_id.replace("/", "--"))
+    repo = hf_hub_dir() / ("models--" + repo_id.replace("/", "--"))
     snaps = repo / "snapshots"
     if not snaps.is_dir():
         return None
@@ -403,10 +406,10 @@ def main(argv: list[str] | None = None) -> int:
             from specpipe.engine.load.loader import UNSUPPORTED_PACKAGED  # here: the loader imports this module
 
             for spec in PACKAGED_MODELS.values():
+                if spec.name in UNSUPPORTED_PACKAGED:  # a model specpipe cannot run is not on the menu
+                    continue
                 state = "cached" if _marker_ok(spec, _target(spec)) else "-"
-                arch = UNSUPPORTED_PACKAGED.get(spec.name)
-                note = f"  (fetch only: specpipe cannot load {arch} GGUFs yet)" if arch else ""
-                print(f"{spec.name:<22} {spec.size_mb:>6} MB  {len(spec.packages):>2} pkg  {state}{note}")
+                print(f"{spec.name:<22} {spec.size_mb:>6} MB  {len(spec.packages):>2} pkg  {state}")
         elif args.cmd == "fetch":
             for n in args.names:
                 _spec(n)  # fail on a typo before downloading anything
