@@ -5,8 +5,8 @@ Contract: `check_shared_files(folders)` reads every YAML file under those folder
 (yaml_data.py: no anchors, aliases, repeated keys or deep nesting) and refuses any resolver call
 (`${oc.decode:...}`, `${oc.env:...}`), one line naming the file and the key. `check_shared_effect(job, shared,
 packaged)` compares a config composed with the shared folders against the same command line composed from
-the packaged files alone: Hydra's node may differ only at SHARED_HYDRA_KEYS, and `output_dir` not at all
-(output locations come from the command line). Both read values; nothing named is imported or run.
+the packaged files alone: Hydra's node may differ only at SHARED_HYDRA_KEYS, and `output_dir` and `api_key`
+not at all (output locations and secrets come from the command line). Both read values; nothing named is imported or run.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ def check_shared_effect(shared: dict, packaged: dict, where: str) -> str | None:
             f"hydra.{key}={_short(value)} comes from {where}, and a shared config may set only "
             f"hydra.{', hydra.'.join(SHARED_HYDRA_KEYS)}: remove it from the file (give run folders on the "
             "command line: hydra.run.dir=<folder>)"
+        )
+    if shared.get("api_key") != packaged.get("api_key"):
+        return (
+            f"api_key comes from {where}: a key written in a shared file is no secret; remove it and give "
+            "api_key=... on the command line or SPECPIPE_API_KEY in the environment"
         )
     if shared.get("output_dir") != packaged.get("output_dir"):
         return (

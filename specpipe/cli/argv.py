@@ -26,6 +26,10 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
     except (PromptArgError, ValueError) as exc:
         fail(tool, str(exc), EXIT_CONFIG)
     argv = flags_first(argv)
+    if config_name == "serve":
+        from specpipe.serve.api_key import key_off_the_command_line
+
+        argv = key_off_the_command_line(argv)
     sys.argv = sys.argv[:1] + argv
     modes = [
         a
@@ -168,12 +172,12 @@ def validate_overrides(
                 with signals.deferred():
                     try:
                         cfg = compose(config_name=config_name, overrides=[*job, *searchpath], return_hydra_config=True)
-                        message = None
-                        if shared and not config_dir:
+                        # a named class first (the most precise line), then what else the shared folders changed
+                        message = check_hydra_targets(cfg.hydra) or check_targets(cfg)
+                        if not message and shared and not config_dir:
                             message = compare_with_packaged(cfg, config_name, job, shared)
                         with open_dict(cfg):
-                            hydra_node = cfg.pop("hydra")
-                        message = message or check_hydra_targets(hydra_node) or check_targets(cfg)
+                            cfg.pop("hydra")
                         if not message and snapshot:
                             cfg = retype(cfg, app, where=f"{config_dir}/config.yaml")
                         message = message or check_config(cfg)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import specpipe.serve.config  # noqa: F401  (registers serve_schema before any compose)
 from specpipe.cli.shell import EXIT_CONFIG, fail, hydra_main, hydra_output_dir
+from specpipe.serve.api_key import API_KEY_ENV
 
 TOOL = "specpipe-serve"
-API_KEY_ENV = "SPECPIPE_API_KEY"
 
 
 def main() -> None:
