@@ -4,7 +4,10 @@ run folder, a SIGHUP ends it as SIGTERM does, an unexpected failure in one reque
 
 from __future__ import annotations
 
+import json
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from test_serve_http import COMPLETION, TinyServer
 
@@ -26,3 +29,33 @@ def test_the_api_key_is_in_no_file_of_the_run_folder(tmp_path):
     assert {"config.yaml", "overrides.yaml", "hydra.yaml", "requests.jsonl"} <= {p.name for p in files}
     holding = [str(p) for p in files if secret.encode() in p.read_bytes()]
     assert holding == [], f"the key is written in {holding}"
+
+
+def test_sighup_ends_the_server_as_sigterm_does(tmp_path):
+    """SIGHUP (the terminal closed) gave 500s, streams cut without `finish_reason` or [DONE], an `Event loop is
+    closed` traceback and lost requests.jsonl lines; now both answers end cut ("length", cut: shutdown, the
+    stream with [DONE]), both are logged, and the server exits 129 with its one stop line."""
+    server = TinyServer(tmp_path, "draft=none", "max_batch=2", "max_tokens_limit=4096")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            whole = pool.submit(server.request, "POST", "/v1/completions", {"prompt": "Count:", "max_tokens": 4000})
+            stream = pool.submit(
+                server.request, "POST", "/v1/completions", {"prompt": "Go:", "max_tokens": 4000, "stream": True}
+            )
+            deadline = time.monotonic() + 30
+            while server.metric("specpipe_batch_size") < 2:  # both decoding
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            server.proc.send_signal(signal.SIGHUP)
+            (status, _, body), (status_s, _, text) = whole.result(timeout=60), stream.result(timeout=60)
+        assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
+        assert body["specpipe"]["cut"] == "shutdown"
+        data = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert status_s == 200 and data[-1] == "[DONE]", text[-500:]
+        assert json.loads(data[-2])["choices"][0]["finish_reason"] == "length"
+        _, err = server.proc.communicate(timeout=60)
+        assert server.proc.returncode == 129 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1].startswith("specpipe-serve: stopped (SIGHUP)"), err
+        assert [r["finish_reason"] for r in server.records()] == ["cancelled", "cancelled"]
+    finally:
+        server.close()

@@ -1,5 +1,5 @@
 """`specpipe-serve`: the Hydra app over conf/serve.yaml. Loads the Session once, then serves the
-OpenAI API on `host:port` until SIGINT / SIGTERM (exit 130 / 143, one line).
+OpenAI API on `host:port` until SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129, one line).
 
 Every finished request is one line of `requests.jsonl` in the run folder (tokens, finish reason,
 time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_batch` requests
@@ -110,9 +110,12 @@ def _task(cfg) -> None:
     )
 
     async def serve() -> None:
+        from specpipe.signals import STOP_SIGNALS
+
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop, sig)
+        for sig in STOP_SIGNALS:  # a closed terminal (SIGHUP) stops the server as SIGTERM does
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                loop.add_signal_handler(sig, stop, sig)
         await server.serve(sockets=[sock])
 
     try:
@@ -123,7 +126,7 @@ def _task(cfg) -> None:
         steps_file.close()
     sig = stopped.get("signal")
     if sig is not None:
-        name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+        name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
         print(
             f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}",
             file=sys.stderr,
@@ -132,7 +135,7 @@ def _task(cfg) -> None:
         sys.stdout.flush()
         # Everything is written and closed. Skip interpreter teardown: with the decoding thread
         # possibly still alive, MLX / OpenMP destructors at exit have aborted the process (-6, not 143).
-        os._exit(143 if sig == signal.SIGTERM else 130)
+        os._exit(128 + sig)
 
 
 def _check_values(cfg) -> None:
