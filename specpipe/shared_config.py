@@ -6,7 +6,8 @@ Contract: `check_shared_files(folders)` reads every YAML file under those folder
 (`${oc.decode:...}`, `${oc.env:...}`), one line naming the file and the key. `check_shared_effect(job, shared,
 packaged)` compares a config composed with the shared folders against the same command line composed from
 the packaged files alone: Hydra's node may differ only at SHARED_HYDRA_KEYS, and `output_dir` and `api_key`
-not at all (output locations and secrets come from the command line). Both read values; nothing named is imported or run.
+not at all (output locations and secrets come from the command line). Both read values; nothing named is
+imported or run.
 """
 
 from __future__ import annotations

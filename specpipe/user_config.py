@@ -5,8 +5,8 @@ Contract: `user_config_dir()` is `$SPECPIPE_CONFIG_DIR`, else `$XDG_CONFIG_HOME/
 of every primary config) is that folder as a Hydra search-path entry when it exists, else the packaged
 configs again, because Hydra warns on every run about a search-path folder that does not exist and a
 user who never tuned has none; inside `packaged_only()` it is always the latter (the config composed
-without the shared folder, to compare against: shared_config.py). Nothing here creates a file or a folder, and nothing writes into the
-installed package.
+without the shared folder, to compare against: shared_config.py). Nothing here creates a file or a
+folder, and nothing writes into the installed package.
 """
 
 from __future__ import annotations

@@ -67,7 +67,9 @@ def load_yaml_data(text: str, where: str, fix: str = "fix the file") -> Any:
         return yaml.load(text, Loader=_DataLoader)  # noqa: S506  (_DataLoader is a SafeLoader)
     except _Refused as exc:
         at = f" at line {exc.mark.line + 1}, column {exc.mark.column + 1}" if exc.mark is not None else ""
-        raise ConfigError(f"{where} holds {exc.what}{at}: a shared config is plain data; write the values out")
+        raise ConfigError(
+            f"{where} holds {exc.what}{at}: a shared config is plain data; write the values out"
+        ) from None
     except RecursionError as exc:
         raise ConfigError(f"{where} nests too deeply to read: refused") from exc
     except yaml.YAMLError as exc:

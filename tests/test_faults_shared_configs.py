@@ -4,6 +4,7 @@ or run. Rows in docs/faults.md (the table test in test_faults.py reads this modu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,8 +71,8 @@ def test_an_interpolation_hides_no_logging_factory(tmp_path):
     victim, source = tmp_path / "victim.txt", tmp_path / "source.txt"
     victim.write_text("data\n")
     source.write_text("overwritten\n")
-    factory = '{"()": "shutil.copyfile", "src": "%s", "dst": "%s"}' % (source, victim)
-    hidden = {"hydra": {"job_logging": {"formatters": {"x": "${oc.decode:'%s'}" % factory}}}}
+    factory = json.dumps({"()": "shutil.copyfile", "src": str(source), "dst": str(victim)})
+    hidden = {"hydra": {"job_logging": {"formatters": {"x": "${oc.decode:'" + factory + "'}"}}}}
     preset(tmp_path / "c", yaml.safe_dump(hidden))
     proc = run_module("specpipe.cli", ["--config-dir", str(tmp_path / "c"), *TINY, "preset=p"], tmp_path, ENV)
     assert proc.returncode == 2, proc.stderr
@@ -99,7 +100,7 @@ def test_a_shared_file_may_set_only_the_listed_hydra_keys(tmp_path):
 
 
 NOT_DATA = {
-    "alias bomb": ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b]\n", "anchor"),
+    "alias bomb": ("a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b]\n", "anchor"),
     "repeated key": ("max_tokens: 3\nmax_tokens: 9999\n", "the key 'max_tokens' twice"),
     "deep nesting": ("x: " + "[" * 200 + "]" * 200 + "\n", "nesting deeper than"),
 }

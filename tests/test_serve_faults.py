@@ -59,3 +59,29 @@ def test_sighup_ends_the_server_as_sigterm_does(tmp_path):
         assert [r["finish_reason"] for r in server.records()] == ["cancelled", "cancelled"]
     finally:
         server.close()
+
+
+def test_a_full_disk_under_the_logs_costs_records_not_the_server(tmp_path):
+    """Once steps.jsonl / requests.jsonl hit ENOSPC the decoding thread died: every later request hung or got a
+    500 while /health said ok. Here both files are /dev/full (the kernel's own ENOSPC): every request is still
+    answered, each file's failure is one stderr line (said once, however many records fail), /health says
+    "degraded" naming both, and the stop is the usual exit 143."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("requests.jsonl", "steps.jsonl"):
+        (run / name).symlink_to("/dev/full")
+    server = TinyServer(tmp_path, "draft=ngram", "max_batch=2", f"hydra.run.dir={run}")
+    try:
+        answers = [server.request("POST", "/v1/completions", {"prompt": f"Hi {i}", "max_tokens": 6}) for i in range(3)]
+        assert [status for status, _, _ in answers] == [200, 200, 200], answers
+        assert all(body["usage"]["completion_tokens"] == 6 for _, _, body in answers)
+        status, _, health = server.request("GET", "/health")
+        assert status == 200 and health["status"] == "degraded", health
+        assert any(p.startswith("requests.jsonl: 3 records lost (No space left") for p in health["problems"]), health
+        assert any(p.startswith("steps.jsonl:") for p in health["problems"]), health
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        _, err = server.proc.communicate(timeout=60)
+    assert server.proc.returncode == 143 and "Traceback" not in err, err
+    lost = [line for line in err.splitlines() if "cannot write" in line]
+    assert len(lost) == 2 and all("No space left on device" in line for line in lost), err

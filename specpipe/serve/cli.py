@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -32,6 +31,7 @@ from pathlib import Path
 import specpipe.serve.config  # noqa: F401  (registers serve_schema before any compose)
 from specpipe.cli.shell import EXIT_CONFIG, fail, hydra_main, hydra_output_dir
 from specpipe.serve.api_key import API_KEY_ENV
+from specpipe.serve.run_log import JsonlLog
 
 TOOL = "specpipe-serve"
 
@@ -52,22 +52,9 @@ def _task(cfg) -> None:
     session = Session(cfg)
     out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
-    log_file = open(out / "requests.jsonl", "a", encoding="utf-8")
-    lock = threading.Lock()
-
-    def log(record: dict) -> None:
-        with lock:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-
+    requests_log, steps_log = JsonlLog(out / "requests.jsonl", TOOL), JsonlLog(out / "steps.jsonl", TOOL)
     metrics = Metrics()
-    steps_file = open(out / "steps.jsonl", "a", encoding="utf-8")
-
-    def log_step(record: dict) -> None:  # the decoding thread only: no lock
-        steps_file.write(json.dumps(record) + "\n")
-        steps_file.flush()
-
-    worker, how = _worker(cfg, session, metrics, log_step, log)
+    worker, how = _worker(cfg, session, metrics, steps_log.write, requests_log.write)
     try:
         sock = _bind(cfg.host, cfg.port)
     except OSError as exc:
@@ -80,7 +67,8 @@ def _task(cfg) -> None:
         )
     host, port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
     policy = listen(port)
-    state = ServeState(session, worker, session.target.info.name, log, metrics)
+    state = ServeState(session, worker, session.target.info.name, requests_log.write, metrics)
+    state.problems = lambda: [p for p in (requests_log.problem(), steps_log.problem()) if p]
     server = _uvicorn(make_app(state, policy), cfg.shutdown_grace_s, cfg.keep_alive_s)
     stopped = {}
 
@@ -122,8 +110,8 @@ def _task(cfg) -> None:
         asyncio.run(serve())
     finally:
         worker.close()
-        log_file.close()
-        steps_file.close()
+        requests_log.close()
+        steps_log.close()
     sig = stopped.get("signal")
     if sig is not None:
         name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name

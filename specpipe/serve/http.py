@@ -23,6 +23,7 @@ import json
 import queue
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -68,6 +69,7 @@ class ServeState:
         self.max_tokens_limit = int(s.max_tokens_limit)
         self.aliases = model_aliases(model_name, session)
         self.followers: set[asyncio.Task] = set()  # jobs of clients that left, followed until they end
+        self.problems: Callable[[], list[str]] = lambda: []  # what /health reports beside "ok" (a log not written)
 
 
 def model_aliases(model_name: str, session) -> set[str]:
@@ -95,7 +97,11 @@ def make_app(state: ServeState, policy: Policy):
         return _json(200, {"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
-        return _json(200, {"status": "ok", "waiting": state.worker.waiting()})
+        problems = state.problems()
+        if not state.worker.alive():  # the decoding thread ended: nothing will be answered
+            return _json(503, {"status": "error", "waiting": state.worker.waiting(), "problems": ["decoding stopped"]})
+        status = "degraded" if problems else "ok"  # answering, but e.g. requests.jsonl cannot be written
+        return _json(200, {"status": status, "waiting": state.worker.waiting(), "problems": problems})
 
     async def metrics(request: Request) -> Response:
         state.metrics.set("specpipe_queue_length", state.worker.waiting())
