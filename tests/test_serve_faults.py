@@ -85,3 +85,99 @@ def test_a_full_disk_under_the_logs_costs_records_not_the_server(tmp_path):
     assert server.proc.returncode == 143 and "Traceback" not in err, err
     lost = [line for line in err.splitlines() if "cannot write" in line]
     assert len(lost) == 2 and all("No space left on device" in line for line in lost), err
+
+
+def deeply_nested_tools(depth: int) -> str:
+    """A chat body whose one tool's `parameters` is `depth` nested lists (as text: json.loads stops near 1000)."""
+    parameters = "[" * depth + "]" * depth
+    return (
+        '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [{"type": "function", '
+        f'"function": {{"name": "f", "parameters": {parameters}}}}}]}}'
+    )
+
+
+def test_deeply_nested_tools_are_a_one_line_400(tmp_path):
+    """`tools` nested a few thousand levels was a 500 logged nowhere (msgspec's RecursionError); 40 levels would
+    reach the chat template's recursive rendering. Both are a 400 naming the bound, logged; the server goes on."""
+    server = TinyServer(tmp_path, "draft=none")
+    try:
+        for depth in (40, 5000):
+            status, _, body = server.request("POST", "/v1/chat/completions", deeply_nested_tools(depth))
+            assert status == 400 and "nests deeper than 32 levels" in body["error"]["message"], (depth, body)
+            assert "\n" not in body["error"]["message"]
+        assert server.request("POST", "/v1/chat/completions", deeply_nested_tools(3))[0] in (200, 400)
+        assert server.request("POST", "/v1/completions", COMPLETION)[0] == 200
+        assert [r["status"] for r in server.records()[:2]] == [400, 400]
+    finally:
+        server.close()
+
+
+def test_an_unexpected_exception_is_that_requests_logged_500(tmp_path):
+    """A fault nobody foresaw inside one request (here the worker's submit fails, injected into a real server
+    on 127.0.0.1 answering a real HTTP client) was Starlette's bare "Internal Server Error", logged nowhere. It
+    is now an OpenAI error object naming the request id, the same id is a requests.jsonl record, and the next
+    request is served."""
+    import http.client
+    import socket
+    import threading
+
+    import uvicorn
+    from hydra import compose, initialize_config_module
+
+    import specpipe.serve.config  # noqa: F401
+    from specpipe.serve.guard import policy_for
+    from specpipe.serve.http import ServeState, make_app
+    from specpipe.serve.worker import GenerationWorker
+    from specpipe.session import Session
+
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        cfg = compose(config_name="serve", overrides=["model=tiny-random", "draft=none", "port=0"])
+    session = Session(cfg)
+    worker = GenerationWorker(session, max_waiting=4)
+    real_submit, calls = worker.submit, []
+
+    def submit(job):
+        calls.append(job)
+        if len(calls) == 1:
+            raise RuntimeError("injected fault")
+        real_submit(job)
+
+    worker.submit = submit  # type: ignore[method-assign]
+    records: list[dict] = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    port = sock.getsockname()[1]
+    state = ServeState(session, worker, session.target.info.name, records.append)
+    server = uvicorn.Server(
+        uvicorn.Config(make_app(state, policy_for("127.0.0.1", port, False, None, [])), lifespan="off", log_config=None)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+
+        def post():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            for _ in range(100):
+                try:
+                    conn.request(
+                        "POST", "/v1/completions", json.dumps(COMPLETION), {"Content-Type": "application/json"}
+                    )
+                    break
+                except ConnectionRefusedError:
+                    time.sleep(0.05)
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+
+        status, body = post()
+        assert status == 500, body
+        message = body["error"]["message"]
+        assert "RuntimeError: injected fault" in message and "\n" not in message, message
+        logged = [r for r in records if r.get("status") == 500]
+        assert len(logged) == 1 and logged[0]["id"] in message, records
+        status, body = post()
+        assert status == 200 and body["usage"]["completion_tokens"] == 2, body
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        worker.close()

@@ -145,7 +145,19 @@ def _json(status: int, body: dict) -> Response:
 
 
 async def _complete(state: ServeState, http: Request, parse) -> Response:
+    """The route's answer; an exception nobody foresaw is this request's logged 500 (with its id), not the server's."""
     route = http.url.path.rstrip("/")
+    rid = new_id("chat" if route.endswith("chat/completions") else "text")
+    try:
+        return await _answer(state, http, parse, route, rid)
+    except Exception as exc:  # noqa: BLE001  (the request ends; the server and its other requests go on)
+        message = f"internal error ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        state.metrics.count("specpipe_requests_total", status="error")
+        state.log({"id": rid, "route": route, "status": 500, "finish_reason": "error", "error": message})
+        return _json(500, error_body(f"{message}; request {rid} is in requests.jsonl", "server_error", 500))
+
+
+async def _answer(state: ServeState, http: Request, parse, route: str, rid: str) -> Response:
     try:
         request = parse(await _body(http))
         if request.model and request.model not in state.aliases:
@@ -166,7 +178,6 @@ async def _complete(state: ServeState, http: Request, parse) -> Response:
         state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
         state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
         return _json(429, error_body(f"busy: {exc}; retry later", "server_busy", 429))
-    rid = new_id(request.kind)
     if request.stream:
         return StreamingResponse(
             _stream(state, request.kind, rid, job, seed),
