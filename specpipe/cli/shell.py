@@ -51,7 +51,13 @@ def hydra_main(
 
     def guarded(cfg) -> None:
         preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped this function
-        run_guarded(tool, lambda: task(cfg), interrupted)
+
+        def body() -> None:
+            signals.check()  # a stop that landed while Hydra started is raised here, before any load
+            task(cfg)
+
+        with signals.undeferred():
+            run_guarded(tool, body, interrupted)
 
     def start() -> None:
         from specpipe.run_folder import name_tool
@@ -67,7 +73,10 @@ def hydra_main(
 
         import specpipe.config  # noqa: F401  (registers the schemas)
 
-        hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
+        # a stop inside Hydra's own start (its override parser, the run folder, logging) waits for the task's
+        # start: raised there it was swallowed now and then (the run went on, exit 0) or became Hydra's error
+        with signals.deferred():
+            hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
 
     # A stop before the task (imports, the override check, Hydra's own start: a second or more) is
     # one line too; `guarded` handles the ones that land inside the task.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import msgspec
 
+from specpipe import signals
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.step import Row, cut, step
 from specpipe.engine.engine import joined_rows
@@ -143,6 +144,7 @@ class SpeculativePipeline:
             )
             reason = "max_tokens"
             while len(row.output) < max_tokens:
+                signals.check()  # a stop whose KeyboardInterrupt was swallowed ends the run here
                 if control.stop_requested:
                     reason = "stopped"
                     break
