@@ -17,8 +17,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.gemma4_text import ModelArgs
 
+from specpipe.drafters.checkpoint_errors import one_line_errors
 from specpipe.drafters.gemma4_assistant.model import AssistantConfig, Gemma4Assistant
 from specpipe.drafters.json_file import read_json
+from specpipe.drafters.safetensors_header import check_safetensors
 from specpipe.engine.load.build import evaluate_buffers
 from specpipe.errors import SpecpipeError
 
@@ -32,6 +34,7 @@ class AssistantSource:
     tensors: int
 
 
+@one_line_errors
 def load_assistant(path: str) -> tuple[Gemma4Assistant, AssistantSource]:
     folder = _folder(path)
     cfg_file = folder / "config.json"
@@ -97,6 +100,7 @@ def _weights(folder: Path, cfg: AssistantConfig) -> dict[str, mx.array]:
         raise SpecpipeError(f"{folder}: no *.safetensors file; expected the assistant's weights beside config.json")
     weights: dict[str, mx.array] = {}
     for f in files:
+        check_safetensors(f)
         weights.update(mx.load(str(f)))  # type: ignore[arg-type]  # safetensors: a dict of arrays
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)  # some exports write the tied copy too
