@@ -181,3 +181,27 @@ def test_an_unexpected_exception_is_that_requests_logged_500(tmp_path):
         server.should_exit = True
         thread.join(timeout=30)
         worker.close()
+
+
+def test_the_full_disk_soak_runs(tmp_path):
+    """scripts/soak_full_disk.py briefly, its run folder's logs on /dev/full (the tmpfs that fills mid-soak is
+    its documented run, docs/faults.md): no request hangs or is mixed up, /health truthful, exit 143."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("requests.jsonl", "steps.jsonl"):
+        (run / name).symlink_to("/dev/full")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "soak_full_disk.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--run-dir", str(run), "--clients", "2", "--seconds", "4", "--max-tokens", "8"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["answers"] > 0 and summary["hung"] == 0 and summary["cannot_write_lines"] == 2, summary
