@@ -64,6 +64,9 @@ def hydra_main(
 
         name_tool(tool)
         preload_blas()
+        with signals.deferred():  # a stop inside these imports left half-initialised modules (Hydra's schemas)
+            import hydra.core.override_parser.overrides_parser  # noqa: F401
+            import omegaconf  # noqa: F401
         argv = prepare_argv(config_name, tool, prompts=prompts)
         from specpipe.cli.argv import is_hydra_meta
 
@@ -96,6 +99,13 @@ def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothi
     except Stopped as exc:
         fail(tool, f"stopped by {signals.name()}{exc}", signals.exit_code())
     except KeyboardInterrupt:
+        drop_empty_run_folder()
+        fail(tool, f"stopped by {signals.name()}{interrupted}", signals.exit_code())
+    except Exception:
+        # a KeyboardInterrupt that landed in a library's cleanup comes out as another exception
+        # (OmegaConf: AttributeError on a half-built node): after a stop signal, it is that stop
+        if signals.received() not in signals.STOP_SIGNALS:
+            raise
         drop_empty_run_folder()
         fail(tool, f"stopped by {signals.name()}{interrupted}", signals.exit_code())
 
