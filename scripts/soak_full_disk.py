@@ -140,7 +140,15 @@ def main() -> int:
         "exit": code,
     }
     print(json.dumps(summary))
-    failed = len(full) > 2 or counts["hung"] or counts["mixed_up"] or counts["bad"] or lies or code != 143 or not counts["answers"]
+    failed = (
+        len(full) > 2
+        or counts["hung"]
+        or counts["mixed_up"]
+        or counts["bad"]
+        or lies
+        or code != 143
+        or not counts["answers"]
+    )
     return 1 if failed else 0
 
 

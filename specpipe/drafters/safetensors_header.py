@@ -66,9 +66,10 @@ def _check_tensor(path: Path, name: str, info, data_bytes: int) -> None:
             f"{path}: tensor {name} has data_offsets {offsets!r}: allowed 0 <= begin <= end <= {data_bytes} "
             f"(the file's data): {FIX}"
         )
+    begin, end = offsets  # type: ignore[misc]  # a list of two ints, checked above
     need = math.prod(shape) * ITEM_BYTES[dtype]
-    if offsets[1] - offsets[0] != need:
+    if end - begin != need:
         raise SpecpipeError(
             f"{path}: tensor {name} of shape {tuple(shape)} {dtype} needs {need} bytes, its data_offsets span "
-            f"{offsets[1] - offsets[0]}: {FIX}"
+            f"{end - begin}: {FIX}"
         )
