@@ -94,6 +94,12 @@ def test_a_shared_file_may_set_only_the_listed_hydra_keys(tmp_path):
     preset(tmp_path / "c", "output_dir: /tmp/elsewhere\n", "outdir")
     message = validate_overrides([*TINY, "preset=outdir"], search_dir=folder)
     assert message and "output_dir='/tmp/elsewhere'" in message and "command line" in message, message
+    snapshot = tmp_path / "run" / ".hydra"  # a shared run folder's snapshot: its output_dir is not followed
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.yaml").write_text("max_tokens: 2\noutput_dir: /tmp/elsewhere\n")
+    (snapshot / "overrides.yaml").write_text("[]\n")
+    message = validate_overrides(["max_tokens=2"], config_dir=str(snapshot))
+    assert message and "output_dir='/tmp/elsewhere'" in message and "command line" in message, message
     # the user's own command line still chooses (the same keys, or a resolver of their own)
     own = [*TINY, "preset=fine", f"hydra.run.dir={tmp_path}/run", "output_dir=${oc.env:HOME}"]
     assert validate_overrides(own, search_dir=folder) is None
