@@ -228,7 +228,11 @@ def _tiny(cfg: DictConfig) -> str | None:
             )
         if (key.startswith("num_") or key.endswith(TINY_COUNTS)) and value < 1:
             return f"model.tiny.{key}={value} is out of range: a size or count, at least 1"
-    return None
+    from specpipe.size_bounds import check_sizes
+
+    # +model.tiny.hidden_size=1e9 / vocab_size=1e8 built arrays MLX could not hold (a segfault)
+    message = check_sizes(OmegaConf.to_container(tiny) if tiny else {}, "model.tiny")
+    return message.replace("model.tiny: ", "model.tiny.") if message else None
 
 
 def _sampling(cfg: DictConfig) -> str | None:

@@ -13,6 +13,7 @@ from collections.abc import Generator
 
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe import signals
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
@@ -38,6 +39,7 @@ class Session:
         self.cfg = cfg
         self.budget: Budget = build_plugin(cfg.budget, "budget")  # needs no model: its range checks fail before a load
         self.target = target or load_target(cfg)
+        signals.check()  # a stop swallowed inside the load (C code) ends the start here, before the draft loads
         self.kv = build_plugin(cfg.kv, "kv") if cfg.get("kv") else FullKV()
         configure_engine(self.target, self.kv, cfg)
 

@@ -7,8 +7,11 @@ exit code of an interrupted command is `exit_code()` (130 SIGINT, 143
 SIGTERM, 129 SIGHUP, 141 broken pipe, 74 any other failed stdout write:
 a full disk, an I/O error); `deferred()` holds a signal back
 while a file is being written, so a checkpoint or summary is never cut in
-half by the stop it is recording. A signal that was ignored when the process
-started (nohup, a background job) stays ignored.
+half by the stop it is recording (and while Hydra starts, whose parser would
+turn it into a multi-line error or swallow it). No stop is lost: every signal
+raises outside `deferred()`, and `check()` raises at the next load or step
+boundary one whose KeyboardInterrupt was swallowed. A signal that was ignored
+when the process started (nohup, a background job) stays ignored.
 """
 
 from __future__ import annotations
@@ -45,9 +48,30 @@ def _handle(signum, frame) -> None:
     if _defer_depth:
         _pending = True
         return
-    if not _raised:
-        _raised = True
+    # every signal raises, a second one too: the first KeyboardInterrupt may have been swallowed (C code,
+    # a library's bare except) and the user's next Ctrl-C / SIGTERM must still stop the command
+    _raised = True
+    raise KeyboardInterrupt
+
+
+def check() -> None:
+    """At a boundary (the task's start, a model load, a decoding step): a stop received but never acted on
+    (its KeyboardInterrupt swallowed where it landed) is raised here, so no stop is lost."""
+    if _received is not None and not _defer_depth:
         raise KeyboardInterrupt
+
+
+@contextmanager
+def undeferred():
+    """Signals raise again inside the block even within `deferred()` (the task Hydra calls, inside the deferred
+    start); one that waited is raised at the block's start by `check()`."""
+    global _defer_depth, _pending
+    depth, _defer_depth = _defer_depth, 0
+    _pending = False
+    try:
+        yield
+    finally:
+        _defer_depth = depth
 
 
 def note_stdout_lost(exc: OSError) -> None:

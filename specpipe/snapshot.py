@@ -2,7 +2,8 @@
 data and typed again by the schemas before anything runs.
 
 Contract: `read_snapshot_text(text, where)` returns the YAML as a dict or raises ConfigError (not text, not
-YAML, empty, not a mapping, or holding `hydra` / `defaults`, which Hydra never writes into a snapshot and
+YAML, empty, not a mapping, not plain data (anchors, aliases, repeated keys, deep nesting: yaml_data.py), calling
+a resolver (`${oc.decode:...}`), or holding `hydra` / `defaults`, which Hydra never writes into a snapshot and
 which would let a file choose launchers, callbacks, logging handlers or environment variables);
 `retype(cfg, app)` merges a composed snapshot onto the schema of `conf/<app>.yaml` and of each group's
 option (chosen by its `name`), raising ConfigError for a wrong type, an unknown key or a missing value
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specpipe.errors import ConfigError
+from specpipe.yaml_data import find_resolver, load_yaml_data
 
 # what a snapshot never holds: Hydra writes its own node to hydra.yaml and composes the defaults away
 FOREIGN_KEYS = ("hydra", "defaults")
@@ -54,13 +56,7 @@ def read_snapshot_file(path: str) -> dict:
 
 def read_snapshot_text(text: str, where: str) -> dict:
     """The snapshot's YAML as a dict; ConfigError (one line naming `where`) when it is not a whole config."""
-    try:
-        node = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where} is not valid YAML ({problem}{at}): {REDO}") from exc
+    node = load_yaml_data(text, where, REDO)
     if node is None:
         raise ConfigError(f"{where} is empty: {REDO}")
     if not isinstance(node, dict):
@@ -71,6 +67,12 @@ def read_snapshot_text(text: str, where: str) -> dict:
                 f"{where} sets '{key}', which a run's snapshot never holds (it would choose Hydra's launcher, "
                 f"callbacks or logging): refused; remove '{key}' or rerun the original command"
             )
+    found = find_resolver(node)
+    if found:
+        raise ConfigError(
+            f"{where}: {found[0]}={found[1]!r} calls a resolver, which a shared config may not: write the value "
+            "itself, or rerun the original command"
+        )
     return node
 
 

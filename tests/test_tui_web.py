@@ -180,6 +180,19 @@ async def test_web_refuses_a_foreign_origin_or_host_and_starts_no_app(recording,
         assert len(descendants(LAST["process"].pid)) <= 2  # only the allowed tab's app (and its sh), if still up
 
 
+def test_the_web_page_may_not_be_framed(recording):
+    """Any site could show the --web page in a hidden frame (each one starts an app and loads a model) or under
+    its own clicks; every answer, a refusal included, now forbids framing."""
+    with web_server("--replay", str(recording), "--speed", "0") as url:
+        with urllib.request.urlopen(url + "/", timeout=10) as page:
+            headers = page.headers
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url + "/", headers={"Origin": "http://evil.example"}))
+    for answer in (headers, refused.value.headers):
+        assert answer["Content-Security-Policy"] == "frame-ancestors 'none'", dict(answer)
+        assert answer["X-Frame-Options"] == "DENY"
+
+
 async def test_a_tab_that_leaves_during_start_up_ends_its_app(recording):
     with web_server("--replay", str(recording), "--speed", "0") as url:
         server = LAST["process"].pid

@@ -6,6 +6,7 @@ Each browser tab gets its own app process (textual-serve runs the command per we
 - who may connect: a request whose `Host` is not this server's loopback address, or whose `Origin`
   is not one of them, is refused (403) before a page or a websocket (a model load per connection)
   is served: without it any web page the user visits could start the app, type into it and read it;
+- who may frame it: no page (`frame-ancestors 'none'`, `X-Frame-Options: DENY` on every response);
 - no orphans: every app runs in its own process group; when its tab leaves (even during start-up,
   when the app cannot yet read textual-serve's "quit") or the server stops, the group gets SIGTERM,
   then SIGKILL after `KILL_AFTER_S` (an app still loading a model has ignored SIGTERM).
@@ -41,6 +42,7 @@ class LocalServer(Server):
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
         app.middlewares.append(self._local_only)
+        app.on_response_prepare.append(_not_frameable)
         return app
 
     @web.middleware
@@ -128,6 +130,13 @@ class OwnedApp(AppService):
         if process is not None:
             await end_process(process)
             self.registry.discard(process)
+
+
+async def _not_frameable(request: web.Request, response: web.StreamResponse) -> None:
+    """No page may show this one in a frame (each hidden frame would start an app and load a model, and a page
+    over it could steer the clicks): CSP for today's browsers, X-Frame-Options for older ones."""
+    response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+    response.headers["X-Frame-Options"] = "DENY"
 
 
 async def end_process(process: asyncio.subprocess.Process) -> None:

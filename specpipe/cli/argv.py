@@ -26,6 +26,10 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
     except (PromptArgError, ValueError) as exc:
         fail(tool, str(exc), EXIT_CONFIG)
     argv = flags_first(argv)
+    if config_name == "serve":
+        from specpipe.serve.api_key import key_off_the_command_line
+
+        argv = key_off_the_command_line(argv)
     sys.argv = sys.argv[:1] + argv
     modes = [
         a
@@ -130,16 +134,27 @@ def validate_overrides(
     from specpipe.errors import ConfigError
     from specpipe.plugin_targets import check_hydra_targets, check_targets
     from specpipe.preflight import check_config, check_overrides_text
+    from specpipe.shared_config import check_shared_files, shared_folders
     from specpipe.snapshot import is_snapshot_dir, read_snapshot_file, retype
 
     if check_overrides_text(overrides):
         return check_overrides_text(overrides)
+    shared = shared_folders(search_dir)
+    message = check_shared_files(shared)
+    if message:
+        return message
     snapshot = bool(config_dir) and config_name == "config" and is_snapshot_dir(str(config_dir))
     if snapshot:
         try:
-            read_snapshot_file(f"{config_dir}/config.yaml")
+            saved = read_snapshot_file(f"{config_dir}/config.yaml")
         except ConfigError as exc:
             return str(exc)
+        chosen = any(o.lstrip("+").partition("=")[0] == "output_dir" for o in overrides)
+        if saved.get("output_dir") is not None and not chosen:
+            return (
+                f"{config_dir}/config.yaml sets output_dir={saved['output_dir']!r}: output locations come only from "
+                "the command line; add output_dir=<folder> (or output_dir=null for a fresh run folder)"
+            )
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     plain = overrides_only(overrides)
     searchpath = [f"hydra.searchpath=[file://{os.path.abspath(search_dir)}]"] if search_dir else []
@@ -157,9 +172,12 @@ def validate_overrides(
                 with signals.deferred():
                     try:
                         cfg = compose(config_name=config_name, overrides=[*job, *searchpath], return_hydra_config=True)
+                        # a named class first (the most precise line), then what else the shared folders changed
+                        message = check_hydra_targets(cfg.hydra) or check_targets(cfg)
+                        if not message and shared and not config_dir:
+                            message = compare_with_packaged(cfg, config_name, job, shared)
                         with open_dict(cfg):
-                            hydra_node = cfg.pop("hydra")
-                        message = check_hydra_targets(hydra_node) or check_targets(cfg)
+                            cfg.pop("hydra")
                         if not message and snapshot:
                             cfg = retype(cfg, app, where=f"{config_dir}/config.yaml")
                         message = message or check_config(cfg)
@@ -173,6 +191,30 @@ def validate_overrides(
     except (HydraException, OmegaConfBaseException) as exc:  # the sweep syntax itself
         return describe_config_error(exc)
     return None
+
+
+def compare_with_packaged(cfg, config_name: str, job: list[str], shared: list) -> str | None:
+    """What the shared folders changed beyond what a shared file may set (shared_config.py), by composing
+    the same command line again from the packaged files alone."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from specpipe.shared_config import check_shared_effect, packaged_overrides
+    from specpipe.user_config import packaged_only
+
+    where = " and ".join(str(f) for f in shared)
+    try:
+        with packaged_only():
+            packaged = compose(config_name=config_name, overrides=packaged_overrides(job), return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:
+        return f"{describe_config_error(exc)} (without {where}: a shared config folder may not supply Hydra's options)"
+    return check_shared_effect(
+        OmegaConf.to_container(cfg, resolve=False),  # type: ignore[arg-type]
+        OmegaConf.to_container(packaged, resolve=False),  # type: ignore[arg-type]
+        where,
+    )
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

@@ -51,13 +51,22 @@ def hydra_main(
 
     def guarded(cfg) -> None:
         preload_blas()  # a launcher (joblib, submitit) runs jobs in fresh processes that skipped this function
-        run_guarded(tool, lambda: task(cfg), interrupted)
+
+        def body() -> None:
+            signals.check()  # a stop that landed while Hydra started is raised here, before any load
+            task(cfg)
+
+        with signals.undeferred():
+            run_guarded(tool, body, interrupted)
 
     def start() -> None:
         from specpipe.run_folder import name_tool
 
         name_tool(tool)
         preload_blas()
+        with signals.deferred():  # a stop inside these imports left half-initialised modules (Hydra's schemas)
+            import hydra.core.override_parser.overrides_parser  # noqa: F401
+            import omegaconf  # noqa: F401
         from specpipe.cli.usage import flags, unknown_flag, version_text
 
         if "--version" in flags(sys.argv[1:]):  # Hydra's own --version names only Hydra
@@ -75,7 +84,10 @@ def hydra_main(
 
         import specpipe.config  # noqa: F401  (registers the schemas)
 
-        hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
+        # a stop inside Hydra's own start (its override parser, the run folder, logging) waits for the task's
+        # start: raised there it was swallowed now and then (the run went on, exit 0) or became Hydra's error
+        with signals.deferred():
+            hydra.main(version_base=None, config_path="pkg://specpipe.conf", config_name=config_name)(guarded)()
 
     # A stop before the task (imports, the override check, Hydra's own start: a second or more) is
     # one line too; `guarded` handles the ones that land inside the task.
@@ -95,6 +107,13 @@ def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothi
     except Stopped as exc:
         fail(tool, f"stopped by {signals.name()}{exc}", signals.exit_code())
     except KeyboardInterrupt:
+        drop_empty_run_folder()
+        fail(tool, f"stopped by {signals.name()}{interrupted}", signals.exit_code())
+    except Exception:
+        # a KeyboardInterrupt that landed in a library's cleanup comes out as another exception
+        # (OmegaConf: AttributeError on a half-built node): after a stop signal, it is that stop
+        if signals.received() not in signals.STOP_SIGNALS:
+            raise
         drop_empty_run_folder()
         fail(tool, f"stopped by {signals.name()}{interrupted}", signals.exit_code())
 

@@ -18,6 +18,7 @@ from collections.abc import Generator
 import mlx.core as mx
 import msgspec
 
+from specpipe import signals
 from specpipe.core.plan import RunControl
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.step import Row, cut, step
@@ -144,6 +145,7 @@ class SpeculativePipeline:
             self.budget.start_request()  # one budget may serve many requests (a session's turns, the server)
             reason = "max_tokens"
             while len(row.output) < max_tokens:
+                signals.check()  # a stop whose KeyboardInterrupt was swallowed ends the run here
                 if control.stop_requested:
                     reason = "stopped"
                     break

@@ -23,6 +23,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.base import create_attention_mask
 
+from specpipe.drafters.json_file import read_json
+from specpipe.drafters.safetensors_header import check_safetensors
 from specpipe.engine import introspect
 from specpipe.errors import SpecpipeError
 
@@ -130,17 +132,20 @@ def _model_dir(info) -> Path | None:
 def _find_weights(where: Path) -> tuple[dict | None, str]:
     """{name in MtpHead: array} from a specpipe head or a checkpoint, or (None, "")."""
     if where.is_file() and where.suffix == ".safetensors":
+        check_safetensors(where)
         return dict(mx.load(str(where))), "trained head"
     if not where.is_dir():
         return None, ""
     if (where / HEAD_FILE).exists():
+        check_safetensors(where / HEAD_FILE)
         return dict(mx.load(str(where / HEAD_FILE))), "trained head"
-    config = json.loads((where / "config.json").read_text()) if (where / "config.json").exists() else {}
+    config = read_json(where / "config.json") if (where / "config.json").exists() else {}
     text = config.get("text_config", config)
     nextn = f"model.layers.{text.get('num_hidden_layers', -1)}."
     found: dict[str, mx.array] = {}
     hf_layout = False
     for f in sorted(where.glob("*.safetensors")):
+        check_safetensors(f)
         for k, v in mx.load(str(f)).items():
             hf_layout = hf_layout or ("conv1d.weight" in k and v.shape[-1] != 1)  # unconverted HF checkpoint
             if "mtp." in k:

@@ -84,6 +84,10 @@ class BatchWorker:
             ) from None
         self._gauge("specpipe_queue_length", self._jobs.qsize())
 
+    def alive(self) -> bool:
+        """Whether the decoding thread still runs (False once it ended: /health is then 503)."""
+        return self._thread.is_alive()
+
     def waiting(self) -> int:
         return self._jobs.qsize()
 

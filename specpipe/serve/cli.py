@@ -1,5 +1,5 @@
 """`specpipe-serve`: the Hydra app over conf/serve.yaml. Loads the Session once, then serves the
-OpenAI API on `host:port` until SIGINT / SIGTERM (exit 130 / 143, one line).
+OpenAI API on `host:port` until SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129, one line).
 
 Every finished request is one line of `requests.jsonl` in the run folder (tokens, finish reason,
 time queued, acceptance, tokens per forward, decode tok/s, TTFT). Up to `max_batch` requests
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -31,9 +30,10 @@ from pathlib import Path
 
 import specpipe.serve.config  # noqa: F401  (registers serve_schema before any compose)
 from specpipe.cli.shell import EXIT_CONFIG, fail, hydra_main, hydra_output_dir
+from specpipe.serve.api_key import API_KEY_ENV
+from specpipe.serve.run_log import JsonlLog
 
 TOOL = "specpipe-serve"
-API_KEY_ENV = "SPECPIPE_API_KEY"
 
 
 def main() -> None:
@@ -52,22 +52,9 @@ def _task(cfg) -> None:
     session = Session(cfg)
     out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
-    log_file = open(out / "requests.jsonl", "a", encoding="utf-8")
-    lock = threading.Lock()
-
-    def log(record: dict) -> None:
-        with lock:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-
+    requests_log, steps_log = JsonlLog(out / "requests.jsonl", TOOL), JsonlLog(out / "steps.jsonl", TOOL)
     metrics = Metrics()
-    steps_file = open(out / "steps.jsonl", "a", encoding="utf-8")
-
-    def log_step(record: dict) -> None:  # the decoding thread only: no lock
-        steps_file.write(json.dumps(record) + "\n")
-        steps_file.flush()
-
-    worker, how = _worker(cfg, session, metrics, log_step, log)
+    worker, how = _worker(cfg, session, metrics, steps_log.write, requests_log.write)
     try:
         sock = _bind(cfg.host, cfg.port)
     except OSError as exc:
@@ -80,7 +67,8 @@ def _task(cfg) -> None:
         )
     host, port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
     policy = listen(port)
-    state = ServeState(session, worker, session.target.info.name, log, metrics)
+    state = ServeState(session, worker, session.target.info.name, requests_log.write, metrics)
+    state.problems = lambda: [p for p in (requests_log.problem(), steps_log.problem()) if p]
     app = make_app(state, policy, access_log=_console_line if cfg.access_log else None)
     server = _uvicorn(app, cfg.shutdown_grace_s, cfg.keep_alive_s)
     stopped = {}
@@ -111,20 +99,23 @@ def _task(cfg) -> None:
     )
 
     async def serve() -> None:
+        from specpipe.signals import STOP_SIGNALS
+
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop, sig)
+        for sig in STOP_SIGNALS:  # a closed terminal (SIGHUP) stops the server as SIGTERM does
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                loop.add_signal_handler(sig, stop, sig)
         await server.serve(sockets=[sock])
 
     try:
         asyncio.run(serve())
     finally:
         worker.close()
-        log_file.close()
-        steps_file.close()
+        requests_log.close()
+        steps_log.close()
     sig = stopped.get("signal")
     if sig is not None:
-        name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+        name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
         print(
             f"{TOOL}: stopped ({name}); every finished request is in {out / 'requests.jsonl'}",
             file=sys.stderr,
@@ -133,7 +124,7 @@ def _task(cfg) -> None:
         sys.stdout.flush()
         # Everything is written and closed. Skip interpreter teardown: with the decoding thread
         # possibly still alive, MLX / OpenMP destructors at exit have aborted the process (-6, not 143).
-        os._exit(143 if sig == signal.SIGTERM else 130)
+        os._exit(128 + sig)
 
 
 def _check_values(cfg) -> None:

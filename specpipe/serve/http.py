@@ -71,6 +71,7 @@ class ServeState:
         self.max_tokens_limit = int(s.max_tokens_limit)
         self.aliases = model_aliases(model_name, session)
         self.followers: set[asyncio.Task] = set()  # jobs of clients that left, followed until they end
+        self.problems: Callable[[], list[str]] = lambda: []  # what /health reports beside "ok" (a log not written)
 
 
 def model_aliases(model_name: str, session) -> set[str]:
@@ -99,7 +100,11 @@ def make_app(state: ServeState, policy: Policy, access_log: Callable[[str], None
         return _json(200, {"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
-        return _json(200, {"status": "ok", "waiting": state.worker.waiting()})
+        problems = state.problems()
+        if not state.worker.alive():  # the decoding thread ended: nothing will be answered
+            return _json(503, {"status": "error", "waiting": state.worker.waiting(), "problems": ["decoding stopped"]})
+        status = "degraded" if problems else "ok"  # answering, but e.g. requests.jsonl cannot be written
+        return _json(200, {"status": status, "waiting": state.worker.waiting(), "problems": problems})
 
     async def metrics(request: Request) -> Response:
         state.metrics.set("specpipe_queue_length", state.worker.waiting())
@@ -144,7 +149,20 @@ def _json(status: int, body: dict) -> Response:
 
 
 async def _complete(state: ServeState, http: Request, parse) -> Response:
+    """The route's answer; an exception nobody foresaw is this request's logged 500 (with its id), not the server's."""
     route = http.url.path.rstrip("/")
+    rid = new_id("chat" if route.endswith("chat/completions") else "text")
+    note(http.scope, id=rid)  # the access log's line names it, a 500's too
+    try:
+        return await _answer(state, http, parse, route, rid)
+    except Exception as exc:  # noqa: BLE001  (the request ends; the server and its other requests go on)
+        message = f"internal error ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        state.metrics.count("specpipe_requests_total", status="error")
+        state.log({"id": rid, "route": route, "status": 500, "finish_reason": "error", "error": message})
+        return _json(500, error_body(f"{message}; request {rid} is in requests.jsonl", "server_error", 500))
+
+
+async def _answer(state: ServeState, http: Request, parse, route: str, rid: str) -> Response:
     try:
         request = parse(await _body(http))
         if request.model and request.model not in state.aliases:
@@ -165,8 +183,6 @@ async def _complete(state: ServeState, http: Request, parse) -> Response:
         state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
         state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
         return _json(429, error_body(f"busy: {exc}; retry later", "server_busy", 429))
-    rid = new_id(request.kind)
-    note(http.scope, id=rid)
     if request.stream:
         return StreamingResponse(
             _stream(state, request.kind, rid, job, seed, http.scope),

@@ -146,6 +146,7 @@ def parse_completion(body: bytes) -> Request:
     )
 
 
+MAX_JSON_DEPTH = 32  # tools' JSON schemas nest a few levels; a chat template renders them recursively
 MAX_REQUEST_K = K_MAX  # the longest draft a request may ask for: every K's one cap (core/plan.py)
 
 
@@ -185,11 +186,30 @@ def _message(i: int, m: Message) -> dict:
 
 def _decode(body: bytes, kind):
     try:
-        return msgspec.json.decode(body, type=kind)
+        decoded = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"the body is not JSON ({exc})") from None
+    except RecursionError:  # msgspec's own bound, about 1000 levels
+        raise BadRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels: send flatter JSON") from None
+    for field in ("tools", "messages"):  # free-form JSON a chat template walks recursively
+        where = _too_deep(msgspec.to_builtins(getattr(decoded, field, None)))
+        if where:
+            raise BadRequest(f"{field} nests deeper than {MAX_JSON_DEPTH} levels (at {where}): send flatter JSON")
+    return decoded
+
+
+def _too_deep(node) -> str | None:
+    """The path of the first value deeper than MAX_JSON_DEPTH under `node` (walked without recursion), or None."""
+    stack = [(node, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return path or "the top"
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        stack.extend((child, f"{path}.{key}" if path else str(key), depth + 1) for key, child in items)
+    return None
 
 
 def _check_common(n: int) -> None:

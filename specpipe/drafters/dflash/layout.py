@@ -22,9 +22,11 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from specpipe.drafters.checkpoint_errors import one_line_errors
 from specpipe.drafters.dflash.head import DFlashHead, HeadConfig
 from specpipe.drafters.eagle3.layouts import resolve
 from specpipe.drafters.json_file import read_json
+from specpipe.drafters.safetensors_header import check_safetensors
 from specpipe.errors import SpecpipeError
 
 ARCHITECTURES = ("DFlashDraftModel",)
@@ -129,12 +131,14 @@ def _weights(folder: Path) -> tuple[dict[str, mx.array], tuple[str, ...]]:
         raise SpecpipeError(f"{folder}: found {found}, expected {EXPECTED}")
     tensors: dict[str, mx.array] = {}
     for shard in shards:
+        check_safetensors(folder / shard)
         loaded = mx.load(str(folder / shard))
         assert isinstance(loaded, dict)  # safetensors always load as a dict
         tensors.update(loaded)
     return tensors, shards
 
 
+@one_line_errors
 def load_head(path: str | os.PathLike, dtype=mx.float32) -> tuple[DFlashHead, HeadSource]:
     """The head in `dtype` and where it came from; a one-line SpecpipeError for anything else."""
     folder = resolve(path)

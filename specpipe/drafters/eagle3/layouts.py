@@ -28,9 +28,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from specpipe.drafters.checkpoint_errors import one_line_errors
 from specpipe.drafters.eagle3.head import Eagle3Head, HeadConfig
 from specpipe.drafters.eagle3.torch_bin import read_bin
 from specpipe.drafters.json_file import read_json
+from specpipe.drafters.safetensors_header import check_safetensors
 from specpipe.errors import SpecpipeError
 
 WEIGHT_FILES = (
@@ -100,6 +102,7 @@ def _weights(folder: Path) -> tuple[dict[str, mx.array], tuple[str, ...]]:
     tensors: dict[str, mx.array] = {}
     for shard in shards:
         if shard.endswith(".safetensors"):
+            check_safetensors(folder / shard)
             loaded = mx.load(str(folder / shard))
             assert isinstance(loaded, dict)  # safetensors always load as a dict
             tensors.update(loaded)
@@ -227,6 +230,7 @@ def _head_tensors(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
+@one_line_errors
 def load_head(path: str | os.PathLike, embed=None, dtype=mx.float32) -> tuple[Eagle3Head, HeadSource]:
     """Build an Eagle3Head from a folder (module docstring) with its weights and vocabulary map.
 

@@ -17,8 +17,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.gemma4_text import ModelArgs
 
+from specpipe.drafters.checkpoint_errors import one_line_errors
 from specpipe.drafters.gemma4_assistant.model import AssistantConfig, Gemma4Assistant
 from specpipe.drafters.json_file import read_json
+from specpipe.drafters.safetensors_header import check_safetensors
 from specpipe.engine.load.build import evaluate_buffers
 from specpipe.errors import SpecpipeError
 
@@ -32,6 +34,7 @@ class AssistantSource:
     tensors: int
 
 
+@one_line_errors
 def load_assistant(path: str) -> tuple[Gemma4Assistant, AssistantSource]:
     folder = _folder(path)
     cfg_file = folder / "config.json"
@@ -79,6 +82,13 @@ def _config(folder: Path, raw: dict) -> AssistantConfig:
         )
     args = ModelArgs.from_dict({**text, "model_type": "gemma4_text", "num_kv_shared_layers": n})
     keys = ("use_ordered_embeddings", "num_centroids", "centroid_intermediate_top_k", "tie_word_embeddings")
+    if raw.get("use_ordered_embeddings"):  # the centroid head splits the vocabulary into equal clusters
+        clusters, top_k = int(raw.get("num_centroids", 2048)), int(raw.get("centroid_intermediate_top_k", 32))
+        if args.vocab_size % clusters or not 1 <= top_k <= clusters:
+            raise SpecpipeError(
+                f"{folder}: num_centroids={clusters}, centroid_intermediate_top_k={top_k}: allowed a num_centroids "
+                f"dividing text_config.vocab_size={args.vocab_size} and a top_k of 1..num_centroids"
+            )
     return AssistantConfig(
         text=args, backbone_hidden_size=int(raw["backbone_hidden_size"]), **{k: raw[k] for k in keys if k in raw}
     )
@@ -90,11 +100,20 @@ def _weights(folder: Path, cfg: AssistantConfig) -> dict[str, mx.array]:
         raise SpecpipeError(f"{folder}: no *.safetensors file; expected the assistant's weights beside config.json")
     weights: dict[str, mx.array] = {}
     for f in files:
+        check_safetensors(f)
         weights.update(mx.load(str(f)))  # type: ignore[arg-type]  # safetensors: a dict of arrays
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)  # some exports write the tied copy too
     if "masked_embedding.token_ordering" in weights:
-        weights["masked_embedding.token_ordering"] = weights["masked_embedding.token_ordering"].astype(mx.int32)
+        order = weights["masked_embedding.token_ordering"]
+        vocab = cfg.text.vocab_size
+        # ids for a gather and a scatter over the vocabulary: one outside it read and wrote outside the buffer
+        if order.size and (int(order.min().item()) < 0 or int(order.max().item()) >= vocab):
+            raise SpecpipeError(
+                f"{folder}: masked_embedding.token_ordering holds ids {int(order.min().item())}.."
+                f"{int(order.max().item())}: allowed 0..{vocab - 1} (text_config.vocab_size={vocab})"
+            )
+        weights["masked_embedding.token_ordering"] = order.astype(mx.int32)
     for k in [k for k in weights if "self_attn.rotary_emb" in k]:
         del weights[k]  # a buffer some exports keep; RoPE is recomputed
     return weights
