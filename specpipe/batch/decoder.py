@@ -28,10 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import msgspec
+import mlx.core as mx
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
 from specpipe.batch.pricing import BatchPricing, RowRates
+from specpipe.core.finish import close_step, run_finished
 from specpipe.core.protocols import BudgetBase, RollbackBase
 from specpipe.core.step import Row as StepRow
 from specpipe.core.step import step as one_step
@@ -142,6 +143,7 @@ class Row(StepRow):
     collector: StatsCollector = field(default_factory=StatsCollector)  # its figures, from its events alone
     pending: list[Event] = field(default_factory=list)  # events for its next RowStep (PrefillDone at join)
     rho: float = RHO_PRIOR  # decayed share of its asked steps on which its drafter proposed (batch pricing)
+    ended: RunFinished | None = None  # its RunFinished, once a step ended it
 
     @property
     def expects(self) -> bool:
@@ -169,15 +171,13 @@ class Row(StepRow):
         return self.collector.steps
 
     def result(self, reason: str | None = None) -> RunFinished:
-        """The row's RunFinished: its tokens, text and figures (`reason`: how it ended when it did not end
-        on its own, e.g. "stopped" for a cancelled request or a stop string)."""
-        t = self.since_admission()
-        return RunFinished(
-            t=t,
-            stop_reason=reason or self.finished or "stopped",
-            token_ids=list(self.collector.token_ids),
-            text=self.collector.text,
-            stats=self.collector.stats(wall_s=t),
+        """The row's RunFinished: its tokens, text and figures (core/finish.py, as a lone run's); `reason`: how it
+        ended when it did not end on its own, e.g. "stopped" for a cancelled request or a stop string. A row that
+        ended in a step keeps the RunFinished that step gave (its KV figures were read while it held its row)."""
+        if self.ended is not None and reason is None:
+            return self.ended
+        return run_finished(
+            self, self.collector, reason or self.finished or "stopped", self.since_admission(), mx.get_peak_memory()
         )
 
 
@@ -334,7 +334,7 @@ class BatchDecoder:
         if row.wants_hidden:
             row.drafter.observe_hidden(0, row.prompt_ids[:-1], joined_rows(joining.hidden), joined_rows(joining.taps))
         draft_s = time.perf_counter() - s
-        row_id = self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
+        row_id = row.row_id = self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
         kv = row.draft_capture.kv if row.draft_capture is not None else None
         if kv is not None:  # draft=gemma4_assistant: from now on its request's K/V is this row of the batch
             kv.lend(self.target.model, self.cache.row_kv(row_id))
@@ -404,26 +404,14 @@ class BatchDecoder:
 
     @staticmethod
     def _finish_step(row: Row, events: list[Event]) -> RowStep:
-        """The row's step events, its end said (max_tokens reached: the detokenizer's held-back tail goes into
-        the last Emitted text), counted by its collector."""
-        if not row.finished and len(row.output) >= row.max_tokens:
-            row.finished = "max_tokens"
-        if row.finished:
-            row.detok.finalize()
-            tail = row.detok.last_segment  # text held back for a character still incomplete
-            if tail:
-                i = max(i for i, e in enumerate(events) if isinstance(e, Emitted))
-                e = events[i]
-                assert isinstance(e, Emitted)
-                texts = list(e.token_texts)
-                if texts:
-                    texts[-1] += tail
-                events[i] = msgspec.structs.replace(e, text=e.text + tail, token_texts=texts)
+        """The row's step events, its end said and its text completed (core/finish.py), counted by its collector."""
+        close_step(row, events)
         for event in events:
             row.collector.consume(event)
         pending, row.pending = row.pending, []  # already counted by the collector (join)
         if row.finished:
-            events.append(row.result())
+            row.ended = row.result()
+            events.append(row.ended)
         return RowStep(row, pending + events)
 
 

@@ -56,6 +56,7 @@ class Row:
         shares a batched forward; None: it decodes alone.
     detok: the target tokenizer's streaming detokenizer, for the Emitted text.
     batch: the RaggedBatch whose row this is (its `cache` unused: the batch holds it), or None: a row alone.
+    row_id: its id in `batch` (`RaggedBatch.add`), once it joined.
     clock: this row's own clock (a batched row's events count from its admission); None: the step's.
     """
 
@@ -78,6 +79,7 @@ class Row:
     step: int = 0
     finished: str = ""  # "eos" once a stop id ended the row; "" while it runs
     batch: Any = None
+    row_id: int | None = None
     clock: Callable[[], float] | None = None
 
     @property

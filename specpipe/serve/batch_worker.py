@@ -201,10 +201,10 @@ class BatchWorker:
             self.metrics.emitted(tokens)
 
     def _finish(self, a: Active, reason: str) -> None:
+        result = a.row.result()  # its figures (core/finish.py), read while it still holds its row of the batch
         self.decoder.remove([a.row])
         self._active.remove(a)
         self._idle.follow(a.row.budget)  # the context it reached is priced by a timed curve next time
-        result = a.row.result()  # its figures, from its own events (metrics.py)
         a.answer.finished = result
         if reason == "cancelled":
             mark_end(a.job, self.metrics)
