@@ -17,12 +17,12 @@ from collections.abc import Generator
 
 import mlx.core as mx
 
+from specpipe.core.admission import admit
 from specpipe.core.finish import close_step, run_finished
 from specpipe.core.plan import RunControl
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.step import Row, cut, step
-from specpipe.engine.engine import joined_rows
-from specpipe.events import Emitted, Event, PrefillDone, PrefillProgress, RunStarted
+from specpipe.events import Emitted, Event, PrefillProgress, RunStarted
 from specpipe.metrics import StatsCollector
 
 __all__ = ["RunControl", "SpeculativePipeline", "cut"]  # cut: the batch decoder's too
@@ -71,7 +71,6 @@ class SpeculativePipeline:
         t0 = time.perf_counter()
         clock = lambda: time.perf_counter() - t0  # noqa: E731
         detok = self.target.tokenizer.detokenizer
-        detok.reset()
         mx.reset_peak_memory()
 
         def emit(event: Event) -> Event:
@@ -104,29 +103,13 @@ class SpeculativePipeline:
             draft_capture=draft_capture,
         )
         try:
-            # ---- prefill: both caches see the prompt, except its last token
-            hidden_rows: list = []
-            tap_rows: list = []
-            s = time.perf_counter()
-            steps = self.target.prefill_steps(context[:-1], cache, draft_capture, hidden_rows, tap_rows)
-            for done in steps:
-                if len(context) - 1 > self.target.prefill_chunk:  # a long prompt: say how far it got
-                    yield emit(PrefillProgress(t=clock(), tokens=done, total=len(context) - 1))
-            target_s, s = time.perf_counter() - s, time.perf_counter()
-            if not deferred:
-                self.drafter.prefill(context)
-            if wants_hidden:
-                self.drafter.observe_hidden(0, context[:-1], joined_rows(hidden_rows), joined_rows(tap_rows))
-            yield emit(
-                PrefillDone(
-                    t=clock(),
-                    tokens=len(context),
-                    seconds=clock(),
-                    target_seconds=target_s,
-                    draft_seconds=0.0 if deferred else time.perf_counter() - s,
-                )
-            )
-            self.budget.start_request()  # one budget may serve many requests (a session's turns, the server)
+            # ---- admission: the target cache takes the prompt but its last token, a chunk at a time
+            admission = admit(self.target, row, context, cache)
+            total = len(context) - 1
+            for done in admission.chunks(total):
+                if total > self.target.prefill_chunk:  # a long prompt: say how far it got
+                    yield emit(PrefillProgress(t=clock(), tokens=done, total=total))
+            yield emit(admission.admitted(clock))
             reason = "max_tokens"
             while len(row.output) < max_tokens:
                 if control.stop_requested:

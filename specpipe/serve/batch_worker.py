@@ -67,7 +67,7 @@ class BatchWorker:
         self.log_step = log_step
         self.prefill_per_step = prefill_per_step
         self._steps = 0
-        self._joining: list[tuple[Job, Any, float]] = []  # (job, batch.decoder.Joining, admitted at)
+        self._joining: list[tuple[Job, Any, float]] = []  # (job, core.admission.Admission, admitted at)
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
