@@ -32,10 +32,11 @@ import mlx.core as mx
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
 from specpipe.batch.pricing import BatchPricing, RowRates
+from specpipe.batch.storage import BatchStorage
 from specpipe.core.admission import Admission, admit
 from specpipe.core.finish import close_step, run_finished
 from specpipe.core.protocols import BudgetBase, RollbackBase
-from specpipe.core.step import Row as StepRow
+from specpipe.core.row import Row as StepRow
 from specpipe.core.step import step as one_step
 from specpipe.events import Drafted, Emitted, Event, RunFinished, Verified
 from specpipe.metrics import StatsCollector
@@ -151,6 +152,7 @@ class Row(StepRow):
         return self.budget.expected_tokens(1) is not None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.clock = self.since_admission
 
     def since_admission(self) -> float:
@@ -245,6 +247,7 @@ class BatchDecoder:
         """
         self.target, self.plugins, self.pricing = target, plugins, pricing
         self.cache = RaggedBatch(len(target.make_cache()))
+        self.storage = BatchStorage(self.cache)  # every row's: one forward over the batch, one commit
         self.rows: list[Row] = []
         self.stop_ids = target.eos_token_ids
 
@@ -281,7 +284,7 @@ class BatchDecoder:
             # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
             draft_ready=not (p.drafter.prefill_after_first_token and draft_capture is None),
             draft_capture=draft_capture,
-            batch=self.cache,
+            storage=self.storage,
             prompt_ids=list(prompt_ids),
             greedy=p.greedy,
             k=k,

@@ -24,7 +24,7 @@ from specpipe.engine.engine import joined_rows
 from specpipe.events import PrefillDone
 
 if TYPE_CHECKING:
-    from specpipe.core.step import Row
+    from specpipe.core.row import Row
 
 
 def admit(target, row: Row, prompt_ids: list[int], cache: list, fed: int = 0) -> Admission:

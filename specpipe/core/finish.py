@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from specpipe.engine.kv import kv_figures
 from specpipe.events import Emitted, Event, RunFinished
 from specpipe.metrics import StatsCollector
 
 if TYPE_CHECKING:
-    from specpipe.core.step import Row
+    from specpipe.core.row import Row
 
 
 def close_step(row: Row, events: list[Event]) -> None:
@@ -54,7 +53,7 @@ def run_finished(row: Row, collector: StatsCollector, reason: str, t: float, pea
     """The row's RunFinished: its tokens, text and figures.
 
     Args:
-        row: the finished core/step.py Row (its storage: its own `cache`, or a row of `row.batch`).
+        row: the finished core/step.py Row (its KV figures from its storage, core/storage.py).
         collector: the StatsCollector that consumed every event of the row.
         reason: how it ended ("eos" | "max_tokens" | "stopped" | "interrupted").
         t: seconds on the row's clock (its wall time).
@@ -63,18 +62,10 @@ def run_finished(row: Row, collector: StatsCollector, reason: str, t: float, pea
     rollback = row.rollback  # a batched row's target rollback is the batch's mask (batch/decoder.py MaskRollback)
     stats = msgspec.structs.replace(
         collector.stats(peak_memory_bytes=peak_memory_bytes, wall_s=t),
-        **row_kv_figures(row),
+        **row.storage.kv_figures(row),
         rollback_strategy=rollback.name,
         rollback_peak_bytes=rollback.peak_bytes,
         rollback_time_s=rollback.time_s,
         recompute_tokens=rollback.recompute_tokens,
     )
     return RunFinished(t=t, stop_reason=reason, token_ids=list(collector.token_ids), text=collector.text, stats=stats)
-
-
-def row_kv_figures(row: Row) -> dict:
-    """The KV figures of the positions the row holds: its own cache's, or its row of the batch's (a row that has
-    left the batch: none)."""
-    if row.batch is None:
-        return kv_figures(row.cache)
-    return row.batch.kv_figures(row.row_id) if row.row_id in row.batch.row_ids else {}

@@ -21,7 +21,8 @@ from specpipe.core.admission import admit
 from specpipe.core.finish import close_step, run_finished
 from specpipe.core.plan import RunControl
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
-from specpipe.core.step import Row, cut, step
+from specpipe.core.row import Row
+from specpipe.core.step import cut, step
 from specpipe.events import Emitted, Event, PrefillProgress, RunStarted
 from specpipe.metrics import StatsCollector
 
