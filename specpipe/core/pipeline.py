@@ -1,10 +1,12 @@
-"""The run driver: prefill, then one step (core/step.py) at a time until the answer is done, as events.
+"""The run driver: admit, then one step (core/step.py) at a time until the answer is done, as events.
 
 Contract: `SpeculativePipeline.run(prompt_ids, max_tokens)` yields typed
 events (events.py) ending in exactly one RunFinished, also on Ctrl-C. It
-prefills the caches, then drives one request (a batch of one `Row`) through
-`step` (plan, propose, verify, compare, commit, bonus, emit); it reaches each
-plug-in only through its protocol (specpipe/core/protocols.py).
+admits one request as the batch decoder admits its rows (core/admission.py),
+drives its `Row` (its own cache: core/storage.py `LoneCache`) through `step`
+(plan, propose, verify, compare, commit, bonus, emit) and ends it as a batched
+row ends (core/finish.py); it reaches each plug-in only through its protocol
+(specpipe/core/protocols.py).
 
 Cache invariant: the target cache holds every context token except the
 newest one (`last_id`), which the next verify feeds first.
