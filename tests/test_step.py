@@ -4,6 +4,7 @@ a drafter's tree support is a property, and the one forward takes one row until 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import first_difference, generate, make_drafter, noisy_copy, tiny
@@ -155,3 +156,17 @@ def test_capped_plans_never_pass_the_room():
     assert plan.capped(3) == replace(plan, k=3, lookup_k=3) and plan.capped(20) is plan
     assert StepPlan.override(6, room=2).k == 2 and not StepPlan.override(6, room=2).fit
     assert StepPlan.first_token().decision.reason == "first token" and StepPlan.first_token().k == 0
+
+
+def test_the_step_never_asks_where_a_row_lives():
+    """One step for a lone row and a batched one: where a row's K/V lives is its storage's (core/storage.py), so
+    neither the step nor the admission nor the finish branches on a batch."""
+    import re
+
+    import specpipe.core.admission
+    import specpipe.core.finish
+    import specpipe.core.step
+
+    for module in (specpipe.core.step, specpipe.core.admission, specpipe.core.finish):
+        code = Path(module.__file__).read_text()
+        assert not re.search(r"\.batch\b|batch is (not )?None", code), module.__name__

@@ -202,6 +202,22 @@ class RaggedBatch:
 
     # ---------------------------------------------------------------- the step
 
+    def kv_figures(self, row_id: int) -> dict:
+        """The row's KV figures as engine/kv.py `kv_figures` gives a lone cache holding its positions: each
+        attention layer's bytes per row and column times the row's kept columns there (holes and other rows
+        apart), each recurrent layer its row's states."""
+        b = self.row_ids.index(row_id)
+        total = 0.0
+        for layer in self.layers:
+            if isinstance(layer, RecurrentLayer):
+                total += sum(a.nbytes for a in layer.cache if a is not None) / self.size
+            elif layer.keys is not None:
+                columns = layer.keys.shape[2]
+                per_column = (layer.keys.nbytes + layer.values.nbytes) / (self.size * columns)
+                total += per_column * int(self.valid[b, layer.first_column : self.idx].sum())
+        positions = int(self.offsets[b])
+        return {"kv_bytes": int(total), "kv_bytes_per_token": total / positions if positions else 0.0}
+
     def positions(self, n: int) -> np.ndarray:
         """[B, n] int: the positions of the next n columns of each row (its offset on)."""
         return self.offsets[:, None] + np.arange(n, dtype=np.int32)[None, :]

@@ -2,7 +2,7 @@
 
 Contract: `BatchDecoder(target, plugins)`; `add(prompt_ids, max_tokens, seed)` prefills one
 request alone and puts it in the batch (continuous batching: rows join and leave between any
-two steps; `begin` / `Joining.prefill(n)` / `join` do the same a chunk at a time, so a server
+two steps; `begin` / `Admission.prefill(n)` (core/admission.py) / `join` do the same a chunk at a time, so a server
 can interleave a long prompt's prefill with the active rows' steps). `step(k=None)` runs
 `core.step.step` over every row: each row's own budget plans (or `k` for every row, a row's own
 `k` from `begin` first), its own drafter proposes (a draft model, an MTP head, layer skip keep
@@ -28,15 +28,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import msgspec
+import mlx.core as mx
 
 from specpipe.batch.cache import RaggedBatch, storage_refusal
 from specpipe.batch.pricing import BatchPricing, RowRates
+from specpipe.batch.storage import BatchStorage
+from specpipe.core.admission import Admission, admit
+from specpipe.core.finish import close_step, run_finished
 from specpipe.core.protocols import BudgetBase, RollbackBase
-from specpipe.core.step import Row as StepRow
+from specpipe.core.row import Row as StepRow
 from specpipe.core.step import step as one_step
-from specpipe.engine.engine import joined_rows
-from specpipe.events import Drafted, Emitted, Event, PrefillDone, RunFinished, Verified
+from specpipe.events import Drafted, Emitted, Event, RunFinished, Verified
 from specpipe.metrics import StatsCollector
 
 RHO_PRIOR = 0.75  # a new row's drafter is expected to propose on 3 of 4 asked steps (a model drafter: always)
@@ -142,6 +144,7 @@ class Row(StepRow):
     collector: StatsCollector = field(default_factory=StatsCollector)  # its figures, from its events alone
     pending: list[Event] = field(default_factory=list)  # events for its next RowStep (PrefillDone at join)
     rho: float = RHO_PRIOR  # decayed share of its asked steps on which its drafter proposed (batch pricing)
+    ended: RunFinished | None = None  # its RunFinished, once a step ended it
 
     @property
     def expects(self) -> bool:
@@ -149,6 +152,7 @@ class Row(StepRow):
         return self.budget.expected_tokens(1) is not None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.clock = self.since_admission
 
     def since_admission(self) -> float:
@@ -169,15 +173,13 @@ class Row(StepRow):
         return self.collector.steps
 
     def result(self, reason: str | None = None) -> RunFinished:
-        """The row's RunFinished: its tokens, text and figures (`reason`: how it ended when it did not end
-        on its own, e.g. "stopped" for a cancelled request or a stop string)."""
-        t = self.since_admission()
-        return RunFinished(
-            t=t,
-            stop_reason=reason or self.finished or "stopped",
-            token_ids=list(self.collector.token_ids),
-            text=self.collector.text,
-            stats=self.collector.stats(wall_s=t),
+        """The row's RunFinished: its tokens, text and figures (core/finish.py, as a lone run's); `reason`: how it
+        ended when it did not end on its own, e.g. "stopped" for a cancelled request or a stop string. A row that
+        ended in a step keeps the RunFinished that step gave (its KV figures were read while it held its row)."""
+        if self.ended is not None and reason is None:
+            return self.ended
+        return run_finished(
+            self, self.collector, reason or self.finished or "stopped", self.since_admission(), mx.get_peak_memory()
         )
 
 
@@ -234,39 +236,6 @@ class StepReport:
     verify_s: float
 
 
-@dataclass
-class Joining:
-    """A request being prefilled alone before it joins the batch (the cache holds all but its last token)."""
-
-    target: Any
-    row: Row
-    cache: list
-    fed: int = 0  # prompt tokens in `cache` so far
-    seconds: float = 0.0  # spent prefilling (the wait between chunks, while other rows step, excluded)
-    hidden: list = field(default_factory=list)  # the prompt's final hidden states, for a drafter that reads them
-    taps: list = field(default_factory=list)  # ... and its decoder-layer taps (draft=eagle3)
-
-    @property
-    def todo(self) -> int:
-        return len(self.row.prompt_ids) - 1 - self.fed
-
-    @property
-    def done(self) -> bool:
-        return self.todo <= 0
-
-    def prefill(self, n: int) -> bool:
-        """Feed up to n more prompt tokens (in the engine's prefill chunks); True once all are in."""
-        take = min(n, self.todo)
-        if take > 0:
-            s = time.perf_counter()
-            ids = self.row.prompt_ids[self.fed : self.fed + take]
-            for _ in self.target.prefill_steps(ids, self.cache, self.row.draft_capture, self.hidden, self.taps):
-                pass
-            self.seconds += time.perf_counter() - s
-            self.fed += take
-        return self.done
-
-
 class BatchDecoder:
     def __init__(self, target, plugins, pricing: BatchPricing | None = None):
         """
@@ -278,6 +247,7 @@ class BatchDecoder:
         """
         self.target, self.plugins, self.pricing = target, plugins, pricing
         self.cache = RaggedBatch(len(target.make_cache()))
+        self.storage = BatchStorage(self.cache)  # every row's: one forward over the batch, one commit
         self.rows: list[Row] = []
         self.stop_ids = target.eos_token_ids
 
@@ -286,15 +256,14 @@ class BatchDecoder:
 
         `sampling`: this request's temperature= / top_p= (the plug-in factory's defaults otherwise).
         """
-        joining = self.begin(prompt_ids, max_tokens, seed, **sampling)
-        while not joining.prefill(len(prompt_ids)):
-            pass
-        return self.join(joining)
+        admission = self.begin(prompt_ids, max_tokens, seed, **sampling)
+        admission.prefill(len(prompt_ids))
+        return self.join(admission)
 
     def begin(
         self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, k: int | None = None, **sampling
-    ) -> Joining:
-        """A request that will join: its plug-ins and an empty solo cache; `Joining.prefill(n)` feeds
+    ) -> Admission:
+        """A request that will join: its plug-ins and an empty solo cache; `Admission.prefill(n)` feeds
         its prompt n tokens at a time (between decode steps, so the active rows do not stall), then
         `join` makes it a row. `k`: this request's own fixed K (None: its budget plans)."""
         p = self.plugins(seed, **sampling)
@@ -315,34 +284,22 @@ class BatchDecoder:
             # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
             draft_ready=not (p.drafter.prefill_after_first_token and draft_capture is None),
             draft_capture=draft_capture,
-            batch=self.cache,
+            storage=self.storage,
             prompt_ids=list(prompt_ids),
             greedy=p.greedy,
             k=k,
         )
-        row.detok.reset()
-        row.budget.start_request()  # a new request: what its budget carries over is the budget's to decide
-        return Joining(self.target, row, self.target.make_cache())
+        return admit(self.target, row, row.prompt_ids, self.target.make_cache())
 
-    def join(self, joining: Joining) -> Row:
+    def join(self, admission: Admission) -> Row:
         """The prefilled request becomes a row of the batch (between steps)."""
-        assert joining.done, "join() after the whole prompt is prefilled"
-        row = joining.row
-        s = time.perf_counter()
-        if row.draft_ready:
-            row.drafter.prefill(row.prompt_ids)
-        if row.wants_hidden:
-            row.drafter.observe_hidden(0, row.prompt_ids[:-1], joined_rows(joining.hidden), joined_rows(joining.taps))
-        draft_s = time.perf_counter() - s
-        row_id = self.cache.add(joining.cache, length=len(row.prompt_ids) - 1)
+        row = cast(Row, admission.row)
+        done = admission.admitted(row.since_admission)  # a prompt fed over several steps waited between its chunks
+        row_id = row.row_id = self.cache.add(admission.cache, length=len(row.prompt_ids) - 1)
         kv = row.draft_capture.kv if row.draft_capture is not None else None
         if kv is not None:  # draft=gemma4_assistant: from now on its request's K/V is this row of the batch
             kv.lend(self.target.model, self.cache.row_kv(row_id))
         self.rows.append(row)
-        t = row.since_admission()  # a prompt fed over several steps waited between its chunks
-        done = PrefillDone(
-            t=t, tokens=len(row.prompt_ids), seconds=t, target_seconds=joining.seconds, draft_seconds=draft_s
-        )
         row.collector.consume(done)
         row.pending.append(done)
         return row
@@ -404,26 +361,14 @@ class BatchDecoder:
 
     @staticmethod
     def _finish_step(row: Row, events: list[Event]) -> RowStep:
-        """The row's step events, its end said (max_tokens reached: the detokenizer's held-back tail goes into
-        the last Emitted text), counted by its collector."""
-        if not row.finished and len(row.output) >= row.max_tokens:
-            row.finished = "max_tokens"
-        if row.finished:
-            row.detok.finalize()
-            tail = row.detok.last_segment  # text held back for a character still incomplete
-            if tail:
-                i = max(i for i, e in enumerate(events) if isinstance(e, Emitted))
-                e = events[i]
-                assert isinstance(e, Emitted)
-                texts = list(e.token_texts)
-                if texts:
-                    texts[-1] += tail
-                events[i] = msgspec.structs.replace(e, text=e.text + tail, token_texts=texts)
+        """The row's step events, its end said and its text completed (core/finish.py), counted by its collector."""
+        close_step(row, events)
         for event in events:
             row.collector.consume(event)
         pending, row.pending = row.pending, []  # already counted by the collector (join)
         if row.finished:
-            events.append(row.result())
+            row.ended = row.result()
+            events.append(row.ended)
         return RowStep(row, pending + events)
 
 

@@ -1,10 +1,12 @@
-"""The run driver: prefill, then one step (core/step.py) at a time until the answer is done, as events.
+"""The run driver: admit, then one step (core/step.py) at a time until the answer is done, as events.
 
 Contract: `SpeculativePipeline.run(prompt_ids, max_tokens)` yields typed
 events (events.py) ending in exactly one RunFinished, also on Ctrl-C. It
-prefills the caches, then drives one request (a batch of one `Row`) through
-`step` (plan, propose, verify, compare, commit, bonus, emit); it reaches each
-plug-in only through its protocol (specpipe/core/protocols.py).
+admits one request as the batch decoder admits its rows (core/admission.py),
+drives its `Row` (its own cache: core/storage.py `LoneCache`) through `step`
+(plan, propose, verify, compare, commit, bonus, emit) and ends it as a batched
+row ends (core/finish.py); it reaches each plug-in only through its protocol
+(specpipe/core/protocols.py).
 
 Cache invariant: the target cache holds every context token except the
 newest one (`last_id`), which the next verify feeds first.
@@ -16,15 +18,15 @@ import time
 from collections.abc import Generator
 
 import mlx.core as mx
-import msgspec
 
 from specpipe import signals
+from specpipe.core.admission import admit
+from specpipe.core.finish import close_step, run_finished
 from specpipe.core.plan import RunControl
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
-from specpipe.core.step import Row, cut, step
-from specpipe.engine.engine import joined_rows
-from specpipe.engine.kv import kv_figures
-from specpipe.events import Event, PrefillDone, PrefillProgress, RunFinished, RunStarted
+from specpipe.core.row import Row
+from specpipe.core.step import cut, step
+from specpipe.events import Emitted, Event, PrefillProgress, RunStarted
 from specpipe.metrics import StatsCollector
 
 __all__ = ["RunControl", "SpeculativePipeline", "cut"]  # cut: the batch decoder's too
@@ -73,76 +75,45 @@ class SpeculativePipeline:
         t0 = time.perf_counter()
         clock = lambda: time.perf_counter() - t0  # noqa: E731
         detok = self.target.tokenizer.detokenizer
-        detok.reset()
         mx.reset_peak_memory()
 
         def emit(event: Event) -> Event:
             collector.consume(event)
             return event
 
-        def finish(reason: str) -> RunFinished:
-            detok.finalize()
-            stats = msgspec.structs.replace(
-                collector.stats(peak_memory_bytes=mx.get_peak_memory(), wall_s=clock()),
-                rollback_strategy=self.rollback.name,
-                **kv_figures(self.cache),
-                rollback_peak_bytes=self.rollback.peak_bytes,
-                rollback_time_s=self.rollback.time_s,
-                recompute_tokens=self.rollback.recompute_tokens,
-            )
-            return RunFinished(
-                t=clock(), stop_reason=reason, token_ids=collector.token_ids, text=collector.text, stats=stats
-            )
-
         if self.started is not None:
             yield emit(self.started)
         context = self.context = list(prompt_ids)
+        cache = self.cache = self.target.make_cache()
+        self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
+        # an MTP head reads the target's hidden states, an EAGLE-3 head its layer taps
+        draft_capture = self.drafter.capture
+        wants_hidden = draft_capture is not None
+        # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
+        deferred = self.drafter.prefill_after_first_token and not wants_hidden
+        row = Row(
+            context=context,
+            cache=cache,
+            drafter=self.drafter,
+            budget=self.budget,
+            comparator=self.comparator,
+            rollback=self.rollback,
+            bonus=self.bonus,
+            detok=detok,
+            max_tokens=max_tokens,
+            stop_ids=stop_ids,
+            tree=self.tree,
+            draft_ready=not deferred,
+            draft_capture=draft_capture,
+        )
         try:
-            # ---- prefill: both caches see the prompt, except its last token
-            cache = self.cache = self.target.make_cache()
-            self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
-            # an MTP head reads the target's hidden states, an EAGLE-3 head its layer taps
-            draft_capture = self.drafter.capture
-            wants_hidden = draft_capture is not None
-            hidden_rows: list = []
-            tap_rows: list = []
-            s = time.perf_counter()
-            steps = self.target.prefill_steps(context[:-1], cache, draft_capture, hidden_rows, tap_rows)
-            for done in steps:
-                if len(context) - 1 > self.target.prefill_chunk:  # a long prompt: say how far it got
-                    yield emit(PrefillProgress(t=clock(), tokens=done, total=len(context) - 1))
-            target_s, s = time.perf_counter() - s, time.perf_counter()
-            # a draft model prefills after the first token, which a plain step gives: plain decoding's TTFT
-            deferred = self.drafter.prefill_after_first_token and not wants_hidden
-            if not deferred:
-                self.drafter.prefill(context)
-            if wants_hidden:
-                self.drafter.observe_hidden(0, context[:-1], joined_rows(hidden_rows), joined_rows(tap_rows))
-            yield emit(
-                PrefillDone(
-                    t=clock(),
-                    tokens=len(context),
-                    seconds=clock(),
-                    target_seconds=target_s,
-                    draft_seconds=0.0 if deferred else time.perf_counter() - s,
-                )
-            )
-            row = Row(
-                context=context,
-                cache=cache,
-                drafter=self.drafter,
-                budget=self.budget,
-                comparator=self.comparator,
-                rollback=self.rollback,
-                bonus=self.bonus,
-                detok=detok,
-                max_tokens=max_tokens,
-                stop_ids=stop_ids,
-                tree=self.tree,
-                draft_ready=not deferred,
-                draft_capture=draft_capture,
-            )
-            self.budget.start_request()  # one budget may serve many requests (a session's turns, the server)
+            # ---- admission: the target cache takes the prompt but its last token, a chunk at a time
+            admission = admit(self.target, row, context, cache)
+            total = len(context) - 1
+            for done in admission.chunks(total):
+                if total > self.target.prefill_chunk:  # a long prompt: say how far it got
+                    yield emit(PrefillProgress(t=clock(), tokens=done, total=total))
+            yield emit(admission.admitted(clock))
             reason = "max_tokens"
             while len(row.output) < max_tokens:
                 signals.check()  # a stop whose KeyboardInterrupt was swallowed ends the run here
@@ -150,11 +121,18 @@ class SpeculativePipeline:
                     reason = "stopped"
                     break
                 row.k_override = control.k
+                held: list[Event] = []  # the step's Emitted, its row's last event: its text completes at the end
                 for _, event in step(self.target, [row], clock):
+                    if isinstance(event, Emitted):
+                        held.append(event)
+                    else:
+                        yield emit(event)
+                close_step(row, held)
+                for event in held:
                     yield emit(event)
                 if row.finished:
                     reason = row.finished
                     break
         except KeyboardInterrupt:
             reason = "interrupted"
-        yield emit(finish(reason))
+        yield emit(run_finished(row, collector, reason, clock(), mx.get_peak_memory()))

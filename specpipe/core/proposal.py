@@ -21,7 +21,7 @@ from specpipe.engine.engine import Capture
 from specpipe.events import Drafted, Event, RolledBack, Verified
 
 if TYPE_CHECKING:
-    from specpipe.core.step import Row
+    from specpipe.core.row import Row
     from specpipe.engine.engine import ForwardResult
 
 

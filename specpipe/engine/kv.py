@@ -340,14 +340,31 @@ def _model_head_dim(model) -> int | None:
 
 
 def kv_figures(cache: list | None) -> dict:
-    """The KV cache's bytes and bytes per held position, for RunStats (kv_bytes, kv_bytes_per_token)."""
+    """The bytes the KV cache's held positions take, and per position, for RunStats (kv_bytes, kv_bytes_per_token).
+
+    A layer's buffer grows ahead of its positions (mlx-lm allocates 256 columns at a time), so each layer counts
+    its bytes per column times the positions it holds: a lone row and a batched row holding the same positions
+    (batch/cache.py `RaggedBatch.kv_figures`) report the same bytes. A recurrent state counts whole.
+    """
     if not cache:
         return {}
-    total, positions = 0, 0
+    total, positions = 0.0, 0
     for c in cache:
         try:
-            total += c.nbytes
+            nbytes = c.nbytes
         except (NotImplementedError, AttributeError):
             continue
+        held, columns = _held_and_columns(c)
+        total += nbytes * min(held, columns) / columns if columns else nbytes
         positions = max(positions, c.size() or getattr(c, "offset", 0))
     return {"kv_bytes": int(total), "kv_bytes_per_token": total / positions if positions else 0.0}
+
+
+def _held_and_columns(c) -> tuple[int, int]:
+    """(positions the layer holds, columns its buffer has); columns 0: no columns (a recurrent state)."""
+    keys = getattr(c, "keys", None)
+    if keys is None:
+        return 0, 0
+    columns = int((keys[0] if isinstance(keys, (tuple, list)) else keys).shape[2])
+    held = c.offset - c.start if isinstance(c, WindowKVCache) else int(c.size() or c.offset)
+    return held, columns

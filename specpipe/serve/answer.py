@@ -71,16 +71,9 @@ class Finished:
 
 
 def answer_figures(stats: RunStats, batched: bool = False) -> dict:
-    """The figures an answer carries (`specpipe` field, requests.jsonl), all from metrics.py's RunStats."""
-    figures = {
-        "drafted": stats.drafted,
-        "accepted": stats.accepted,
-        "acceptance_rate": stats.acceptance_rate,
-        "tokens_per_forward": stats.tokens_per_forward,
-        "target_forwards": stats.target_forwards,
-        "decode_tok_s": stats.decode_tok_s,
-        "ttft_s": stats.ttft_s,
-    }
+    """The figures an answer carries (`specpipe` field, requests.jsonl): every RunStats figure (metrics.py, named
+    as in a CLI run's summary.json, KV and rollback figures included)."""
+    figures = msgspec.to_builtins(stats)
     return figures | {"batched": True} if batched else figures
 
 

@@ -67,7 +67,7 @@ class BatchWorker:
         self.log_step = log_step
         self.prefill_per_step = prefill_per_step
         self._steps = 0
-        self._joining: list[tuple[Job, Any, float]] = []  # (job, batch.decoder.Joining, admitted at)
+        self._joining: list[tuple[Job, Any, float]] = []  # (job, core.admission.Admission, admitted at)
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
@@ -205,10 +205,10 @@ class BatchWorker:
             self.metrics.emitted(tokens)
 
     def _finish(self, a: Active, reason: str) -> None:
+        result = a.row.result()  # its figures (core/finish.py), read while it still holds its row of the batch
         self.decoder.remove([a.row])
         self._active.remove(a)
         self._idle.follow(a.row.budget)  # the context it reached is priced by a timed curve next time
-        result = a.row.result()  # its figures, from its own events (metrics.py)
         a.answer.finished = result
         if reason == "cancelled":
             mark_end(a.job, self.metrics)

@@ -24,13 +24,13 @@ from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted, Event, RolledBack, Verified
 from specpipe.trees.budget import TreeSizer
 from specpipe.trees.drafting import TreeDraft
-from specpipe.trees.forward import keep_path, tree_refusal
+from specpipe.trees.forward import tree_refusal
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree
 from specpipe.trees.verify import compare_tree
 
 if TYPE_CHECKING:
-    from specpipe.core.step import Row
+    from specpipe.core.row import Row
     from specpipe.engine.engine import ForwardResult
 
 
@@ -125,8 +125,7 @@ class TreeProposal:
         # ---- compact: the target keeps root + path; the drafter keeps what of its chain the path confirmed
         s = time.perf_counter()
         self.kept_rows = kept_rows
-        if row.batch is None:  # a row of a batch keeps them through the batch's commit (the rest become holes)
-            keep_path(row.cache, self.start, kept_rows)
+        row.storage.keep_tree_path(row, self.start, kept_rows)  # a batch keeps them at its commit (the rest holes)
         tail = self.draft.cached_tail
         agreed = 0
         while agreed < min(len(path_ids), len(tail)) and path_ids[agreed] == tail[agreed]:
@@ -136,7 +135,7 @@ class TreeProposal:
         yield RolledBack(
             t=clock(),
             step=row.step,
-            strategy="tree-compact" if row.batch is None else "mask",
+            strategy=row.storage.tree_rollback,
             target_dropped=len(tree) - len(path_ids),
             draft_dropped=draft_drop,
             seconds=time.perf_counter() - s,
@@ -187,7 +186,7 @@ def propose_tree_row(row: Row, room: int, clock) -> Generator[Event, None, TreeP
     )
     # draft=mtp / eagle3 read the target's hidden states / taps: the tree forward records them as a chain's verify does
     capture = row.draft_capture
-    start = row.cache[0].offset if row.batch is None else len(context) - 1  # the cache: all but the newest token
+    start = row.storage.tree_start(row)  # the positions its cache holds: all but the newest token
     return TreeProposal(plan, draft, tree, start, draft_s, forwards, capture, time.perf_counter())
 
 
