@@ -215,6 +215,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "label": label,
             "prompt_id": prompt["id"],
             "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
+            "question": prompt.get("question"),  # Spec-Bench's question_id and category, for its answer files
             "turn": 2 if "after" in prompt else 1,
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
@@ -243,7 +244,18 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             out.append(record)
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
+    _write_answers(out, chash, spec.target.decode, log)
     return records
+
+
+def _write_answers(out, chash: str, decode, log) -> None:
+    """Spec-Bench answer files of every question this config measured (resumed ones too), beside the results."""
+    from specpipe.bench.answer_files import ANSWERS_DIR, write_answer_files
+
+    mine = [r for r in out.records() if r.get("config_hash") == chash]
+    paths = write_answer_files(mine, out.path.parent / ANSWERS_DIR, decode)
+    if paths:
+        log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths)}")
 
 
 def with_budget(session, budget):
