@@ -75,10 +75,10 @@ def category_section(groups: dict[str, list[dict]], config_name) -> list[str]:
                 "## Per category (Spec-Bench)",
                 "",
                 "Speed-up over plain decoding (decode tok/s, geometric mean over the category's questions; worst "
-                "question beside it; Spec-Bench's own speed() statistic beside them: mean tokens/s including prefill over the "
-                "category's questions, over plain's, as its evaluation/speed.py computes from the answer files in "
-                "spec_bench/), mean accepted tokens per step (tokens per target forward, bonus included), "
-                "time to first token plain / budget (mean seconds) and the worst question's budget / plain TTFT.",
+                "question beside it; Spec-Bench's own speed() statistic beside them: mean tokens/s including "
+                "prefill over the category's questions, over plain's, as its evaluation/speed.py computes from the "
+                "answer files in spec_bench/), mean accepted tokens per step (tokens per target forward, bonus "
+                "included), time to first token plain / budget (mean seconds) and the worst question's budget / plain TTFT.",
             ]
         header = [
             "category",

@@ -4,7 +4,8 @@ Contract: `read_spec_bench(text, source, per_category)` turns Spec-Bench's `ques
 {"question_id", "category", "turns"} object per line; github.com/hemingkx/Spec-Bench,
 data/spec_bench/question.jsonl) into prompts [{"id", "prompt", "category", "question"}]: each question's first
 turn, under one of Spec-Bench's six task categories (MT-Bench's eight subcategories are its
-"mt_bench"; `question` keeps the row's own question_id and category for its answer files). `per_category=N` keeps N questions per category, evenly spaced through each category's
+"mt_bench"; `question` keeps the row's own question_id and category for its answer files).
+`per_category=N` keeps N questions per category, evenly spaced through each category's
 questions in file order, so the draw is the same every time. With `second_turns`, each drawn MT-Bench
 question's second turn follows its first as a prompt of its own, `{"id": "<first id>-turn2", "prompt": the second
 turn, "after": {"id", "prompt"} of the first}`: as Spec-Bench runs it, the second turn is asked with the first
