@@ -78,7 +78,8 @@ def category_section(groups: dict[str, list[dict]], config_name) -> list[str]:
                 "question beside it; Spec-Bench's own speed() statistic beside them: mean tokens/s including "
                 "prefill over the category's questions, over plain's, as its evaluation/speed.py computes from the "
                 "answer files in spec_bench/), mean accepted tokens per step (tokens per target forward, bonus "
-                "included), time to first token plain / budget (mean seconds) and the worst question's budget / plain TTFT.",
+                "included), time to first token plain / budget (mean seconds) and the worst question's budget / "
+                "plain TTFT.",
             ]
         header = [
             "category",
