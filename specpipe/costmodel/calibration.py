@@ -4,18 +4,23 @@ cache it, and predict which draft budget pays.
 Contract: `verify_cost_curve(engine)` returns {n: T(n)/T(1)} for n = 1..33
 (measured points, linearly interpolated between them), cached under
 `<specpipe cache>/calibration/` keyed by model hash, precision, device and
-BLAS. `specpipe-calibrate` prints the curve and the predicted speed-up per K
-at several acceptance rates and saves a PNG plot.
+BLAS. A timing is checked before it is saved (curve_guard.py): an impossible or
+too noisy one is timed once more, then discarded with one notice (planned from
+the cached curve, else from itself made non-decreasing, in memory only); the
+cache keeps the better-conditioned of the cached and the new curve.
+`specpipe-calibrate` prints the curve and the predicted speed-up per K at several
+acceptance rates and saves a PNG plot.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 
 import mlx.core as mx
 
-from specpipe.costmodel import cache_file
+from specpipe.costmodel import cache_file, curve_guard
 from specpipe.engine.load.model_store import cache_dir
 
 FULL_POINTS = list(range(1, 34))
@@ -38,15 +43,20 @@ def calibration_key(engine) -> str:
     )
 
 
-def time_forwards(engine, points: list[int], repeats: int = 3) -> dict[int, float]:
+def time_forwards(
+    engine, points: list[int], repeats: int = 3, samples: dict[int, list[float]] | None = None
+) -> dict[int, float]:
     """Fastest of `repeats` timings of one forward over n tokens, after CONTEXT cached tokens."""
     cache = engine.make_cache()
     engine.prefill(list(range(10, 10 + CONTEXT)), cache)
-    return time_on_cache(engine, cache, points, repeats)
+    return time_on_cache(engine, cache, points, repeats, samples)
 
 
-def time_on_cache(engine, cache, points: list[int], repeats: int = 3) -> dict[int, float]:
-    """Fastest of `repeats` timings of one forward over n tokens on a filled `cache` (left as it was)."""
+def time_on_cache(
+    engine, cache, points: list[int], repeats: int = 3, samples: dict[int, list[float]] | None = None
+) -> dict[int, float]:
+    """Fastest of `repeats` timings of one forward over n tokens on a filled `cache` (left as it was); every
+    sample into `samples` when given (their spread is the timing's noise)."""
     from mlx_lm.models.cache import trim_prompt_cache
 
     ids = mx.array([(7 * i) % 97 + 10 for i in range(max(points))], dtype=mx.uint32)
@@ -54,14 +64,16 @@ def time_on_cache(engine, cache, points: list[int], repeats: int = 3) -> dict[in
     trim_prompt_cache(cache, 4)
     out = {}
     for n in points:
-        samples = []
+        taken = []
         for _ in range(repeats):
             start = time.perf_counter()
             mx.eval(engine.forward(ids[:n], cache).logits)
-            samples.append(time.perf_counter() - start)
+            taken.append(time.perf_counter() - start)
             trim_prompt_cache(cache, n)
         # the fastest sample: interference from other processes only ever adds time (timeit's rule)
-        out[n] = min(samples)
+        out[n] = min(taken)
+        if samples is not None:
+            samples[n] = taken
     return out
 
 
@@ -79,13 +91,24 @@ def interpolate(measured: dict[int, float], points=FULL_POINTS) -> dict[int, flo
 
 
 def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict:
-    """{'t1_s': seconds, 'ratio': {n: T(n)/T(1)}, 'measured': {...}}, from cache when possible."""
+    """{'t1_s': seconds, 'ratio': {n: T(n)/T(1)}, 'measured': {...}, 'noise': ...}, from cache when possible.
+
+    `refresh` times the curve again even when one is cached; the cache still keeps the better-conditioned one.
+    """
     path = cache_dir() / "calibration" / f"{calibration_key(engine)}.json"
-    data = None if refresh else cache_file.read(path, _check_curve)
-    if data is not None and (quick or data.get("full")):
-        data["ratio"] = {int(k): float(v) for k, v in data["ratio"].items()}
-        return data
-    measured = time_forwards(engine, QUICK_POINTS if quick else FULL_POINTS, repeats=3)
+    cached = cache_file.read(path, _check_curve)
+    if cached is not None:
+        cached["ratio"] = {int(k): float(v) for k, v in cached["ratio"].items()}
+    usable = cached if cached is not None and (quick or cached.get("full")) else None
+    if usable is not None and not refresh:
+        return usable
+    points = QUICK_POINTS if quick else FULL_POINTS
+    for _ in range(2):  # a curve that fails its checks is timed once more: a burst of load passes
+        samples: dict[int, list[float]] = {}
+        measured = time_forwards(engine, points, repeats=3, samples=samples)
+        bad = curve_guard.problems(measured, samples)
+        if not bad:
+            break
     data = {
         "model": engine.info.name,
         "precision": engine.info.precision,
@@ -93,17 +116,34 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
         "t1_s": measured[1],
         "measured": measured,
         "ratio": interpolate(measured),
+        "noise": curve_guard.noise(samples),
     }
+    if bad:
+        fallback = "the cached curve" if usable is not None else "it made non-decreasing, this run only"
+        print(
+            f"specpipe: the verify curve timed just now failed twice ({bad[0]}); not saved, planning from {fallback}",
+            file=sys.stderr,
+        )
+        if usable is not None:
+            return usable
+        data["ratio"] = curve_guard.monotone(data["ratio"])
+        return data
+    if usable is not None and curve_guard.keep_cached(usable, data):
+        return usable  # timed with less noise than this one: the cache keeps it
     cache_file.write(path, data)
     return data
 
 
 def _check_curve(data: dict) -> None:
-    """A usable cached curve: t1_s and a ratio at 1 .. 33 (a torn or older file has not)."""
+    """A usable cached curve: t1_s and a plausible ratio at 1 .. 33 (a torn or older file, or one saved before
+    curves were checked with an impossible T(n)/T(1), has not)."""
     float(data["t1_s"])
     ratio = {int(k): float(v) for k, v in data["ratio"].items()}
     if set(ratio) != set(FULL_POINTS) or ratio[1] != 1.0:
         raise ValueError(f"ratio at {sorted(ratio)[:3]}...; want 1..{FULL_POINTS[-1]}")
+    bad = curve_guard.problems(ratio)
+    if bad:
+        raise ValueError(bad[0])
 
 
 def expected_speedup(
