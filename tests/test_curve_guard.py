@@ -100,3 +100,22 @@ def test_problems_name_what_is_wrong():
     assert len(falls) == 1 and "falls" in falls[0]
     assert curve_guard.monotone({1: 1.0, 2: 0.9, 3: 1.2, 4: 1.1}) == {1: 1.0, 2: 1.0, 3: 1.2, 4: 1.2}
     assert set(QUICK_POINTS) == set(GOOD)
+
+
+def test_the_estimate_carries_its_range():
+    from specpipe.costmodel.worth import StepLog, phrase
+    from specpipe.events import Verified
+
+    ratio = cal.interpolate(GOOD)
+    log = StepLog()
+    for i in range(40):  # K = 4 each step; accepted 0..4 in turn: tokens per step vary as real acceptance does
+        n = i % 5
+        log.consume(Verified(step=i, accepted_ids=[1] * n, rejected_ids=[2] * (4 - n), seconds=0.01))
+    value, source = log.estimate(ratio, 0.0)
+    low, high = log.interval(ratio, 0.0)
+    assert source == "calibration" and low < value < high and high / low < 1.6
+    assert phrase(value, low, high) == f"~{value:.1f}x ({low:.1f}-{high:.1f}) vs plain (estimated)"
+    short = StepLog()
+    for i in range(3):
+        short.consume(Verified(step=i, accepted_ids=[1], rejected_ids=[2], seconds=0.01))
+    assert short.interval(ratio, 0.0) is None and "no range" in phrase(short.estimate(ratio, 0.0)[0])

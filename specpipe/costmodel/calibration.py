@@ -26,6 +26,8 @@ from specpipe.engine.load.model_store import cache_dir
 FULL_POINTS = list(range(1, 34))
 QUICK_POINTS = [1, 2, 3, 5, 9, 17, 33]
 CONTEXT = 128  # cache length the timings are taken at: a typical mid-answer position
+SAMPLE_S = 0.03  # seconds of one-token forwards a point's samples should add up to, at least `repeats` of them
+MAX_REPEATS = 25
 
 
 def calibration_key(engine) -> str:
@@ -62,19 +64,24 @@ def time_on_cache(
     ids = mx.array([(7 * i) % 97 + 10 for i in range(max(points))], dtype=mx.uint32)
     mx.eval(engine.forward(ids[:4], cache).logits)  # warm-up: allocations, kernel selection
     trim_prompt_cache(cache, 4)
-    out = {}
-    for n in points:
-        taken = []
-        for _ in range(repeats):
+    start = time.perf_counter()
+    mx.eval(engine.forward(ids[:1], cache).logits)
+    trim_prompt_cache(cache, 1)
+    # a forward of a millisecond is at the mercy of the scheduler: take more samples of it (timeit's autorange)
+    repeats = max(repeats, min(MAX_REPEATS, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6))))
+    taken: dict[int, list[float]] = {n: [] for n in points}
+    # round-robin over the points: a burst of load from another process lands on one sample of several points,
+    # not on every sample of one (which would bend the curve wherever it fell)
+    for _ in range(repeats):
+        for n in points:
             start = time.perf_counter()
             mx.eval(engine.forward(ids[:n], cache).logits)
-            taken.append(time.perf_counter() - start)
+            taken[n].append(time.perf_counter() - start)
             trim_prompt_cache(cache, n)
-        # the fastest sample: interference from other processes only ever adds time (timeit's rule)
-        out[n] = min(taken)
-        if samples is not None:
-            samples[n] = taken
-    return out
+    if samples is not None:
+        samples.update(taken)
+    # the fastest sample: interference from other processes only ever adds time (timeit's rule)
+    return {n: min(t) for n, t in taken.items()}
 
 
 def interpolate(measured: dict[int, float], points=FULL_POINTS) -> dict[int, float]:
