@@ -48,9 +48,15 @@ def read_spec_bench(
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise ValueError("turns must be a list of strings")
             task = task_of(str(row["category"]))
-            prompt = {"id": f"{task}-{row['question_id']}", "prompt": turns[0], "category": task, "turns": turns}
-            # Spec-Bench's own identity of the row, for its answer files (bench/answer_files.py)
-            prompt["question"] = {"question_id": row["question_id"], "category": str(row["category"])}
+            # `question`: Spec-Bench's own identity of the row, for its answer files (bench/answer_files.py)
+            question = {"question_id": row["question_id"], "category": str(row["category"])}
+            prompt = {
+                "id": f"{task}-{row['question_id']}",
+                "prompt": turns[0],
+                "category": task,
+                "turns": turns,
+                "question": question,
+            }
         except (ValueError, KeyError, TypeError) as exc:
             raise SpecpipeError(
                 f'suite {source} line {n}: expected a Spec-Bench question {{"question_id", "category", "turns"}} '

@@ -36,8 +36,9 @@ def calibration_key(engine) -> str:
     dev = device()
     # the name too: a layer-skip view shares the target's file hash but not its cost
     name = hashlib.sha256(engine.info.name.encode()).hexdigest()[:8]
-    # v2: minimum of 3 samples per point (v1 took the median of 2, and cached what a busy machine measured)
-    parts = ["v2", engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
+    # v3: samples round-robin over the points and checked before saving (curve_guard); v2's unchecked curves
+    # include impossible ones (T(5)/T(1) = 0.92), so they are not read
+    parts = ["v3", engine.info.sha256[:16], name, engine.info.precision, dev.get("mlx_device", ""), dev.get("blas", "")]
     if dev.get("blas_threads"):  # OpenBLAS with one thread and with two have different curves (T(17)/T(1) 1.80 vs 1.67)
         parts.append(f"t{dev['blas_threads']}")
     return "-".join(

@@ -2,7 +2,8 @@
 
 Contract: `problems(measured, samples)` names what makes a timing of T(n) impossible or too noisy to plan from:
 T(n)/T(1) below 1 for n > 1, T falling as n grows, or repeats spread past MAX_SPREAD, each beyond NOISE.
-`noise(samples)` is a timing's conditioning (0 on a quiet machine); `keep_cached(cached, new)` says whether the
+Timings within NOISE or JITTER_S of each other are equal. `noise(samples)` is a timing's conditioning (0 on a
+quiet machine); `keep_cached(cached, new)` says whether the
 cached curve is the better-conditioned one; `monotone(ratio)` is the curve a failed timing is still planned from
 in memory (never saved). Nothing here times or writes anything.
 """
@@ -13,11 +14,15 @@ import statistics
 
 NOISE = 0.05  # timings within 5% are equal: what the fastest of 3 samples still varies by on a busy machine
 MAX_SPREAD = 0.5  # the typical point's median sample 1.5x its fastest: the machine was too busy to time
+JITTER_S = 0.0003  # scheduler jitter: a tiny model's millisecond forwards differ by this much on any machine
 
 
 def noise(samples: dict[int, list[float]]) -> float:
-    """Median over points of (median sample / fastest sample - 1). Example: {1: [1.0, 1.1, 1.2]} -> 0.1."""
-    spreads = [statistics.median(s) / min(s) - 1 for s in samples.values() if s and min(s) > 0]
+    """Median over points of (median sample - fastest sample - JITTER_S) / fastest, at least 0.
+    Example: {1: [0.0100, 0.0113, 0.0120]} -> 0.1."""
+    spreads = [
+        max(0.0, statistics.median(s) - min(s) - JITTER_S) / min(s) for s in samples.values() if s and min(s) > 0
+    ]
     return statistics.median(spreads) if spreads else 0.0
 
 
@@ -30,11 +35,16 @@ def problems(measured: dict[int, float], samples: dict[int, list[float]] | None 
     points = sorted(measured)
     t1 = measured[points[0]]
     peak_n, peak = points[0], t1
+    jitter = JITTER_S if samples is not None else 0.0  # a ratio curve (no seconds) has no jitter floor
+
+    def below(t: float, than: float) -> bool:
+        return t < than - max(NOISE * than, jitter)
+
     for n in points[1:]:
         t = measured[n]
-        if t < t1 * (1 - NOISE):
+        if below(t, t1):
             found.append(f"T({n})/T(1) = {t / t1:.2f}: a forward over {n} tokens cannot be faster than over 1")
-        elif t < peak * (1 - NOISE):
+        elif below(t, peak):
             found.append(f"T({n}) = {t / peak:.2f} x T({peak_n}): the curve falls as the forward grows")
         if t > peak:
             peak_n, peak = n, t
