@@ -91,7 +91,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     from specpipe import signals
     from specpipe.bench.measure import measure_mlx_lm, measure_specpipe
     from specpipe.bench.noise import suspect
-    from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite
+    from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite, prompt_key
     from specpipe.config_groups import group_option
     from specpipe.engine.device import device
     from specpipe.errors import SpecpipeError
@@ -111,7 +111,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category, cfg.suite.second_turns
     )
     done = out.done_pairs() if cfg.resume else set()
-    pending = [p for p in prompts if (chash, p["id"]) not in done]
+    pending = [p for p in prompts if (chash, prompt_key(p)) not in done]  # an edited prompt is measured again
     if len(pending) < len(prompts):
         log(f"[bench] resume: {len(prompts) - len(pending)} of {len(prompts)} prompts already in {out.path}")
     if not pending:
@@ -227,6 +227,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "config": snapshot,
             "label": label,
             "prompt_id": prompt["id"],
+            "prompt_key": prompt_key(prompt),
             "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
             "question": prompt.get("question"),  # Spec-Bench's question_id and category, for its answer files
             "turn": 2 if "after" in prompt else 1,
@@ -258,15 +259,15 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             out.append(record)
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
-    _write_answers(out, chash, spec.target.decode, log)
+    _write_answers(out, chash, {prompt_key(p) for p in prompts}, spec.target.decode, log)
     return records
 
 
-def _write_answers(out, chash: str, decode, log) -> None:
-    """Spec-Bench answer files of every question this config measured (resumed ones too), beside the results."""
+def _write_answers(out, chash: str, keys: set[str], decode, log) -> None:
+    """Spec-Bench answer files of every question of the suite this config measured (resumed ones too)."""
     from specpipe.bench.answer_files import ANSWERS_DIR, write_answer_files
 
-    mine = [r for r in out.records() if r.get("config_hash") == chash]
+    mine = [r for r in out.records() if r.get("config_hash") == chash and r.get("prompt_key") in keys]
     paths = write_answer_files(mine, out.path.parent / ANSWERS_DIR, decode)
     if paths:
         log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths)}")
