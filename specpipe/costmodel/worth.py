@@ -117,10 +117,12 @@ def phrase(value: float, low: float = 0.0, high: float = 0.0) -> str:
 
 
 def calibrated_costs(budget, target, drafter) -> tuple[dict[int, float] | None, float | None]:
-    """(T(n)/T(1), c) without timing anything: the budget's own (budget=auto calibrated in prepare), else
-    the target's cached curve and a draft cost known without a timing; (None, None) when there is none."""
+    """(T(n)/T(1), c) without timing anything: the target's cached curve (budget=auto: else the budget's own, as
+    prepare calibrated it) and the budget's draft cost or one known without a timing; (None, None) when none."""
     if getattr(budget, "calibrated", False) and getattr(budget, "c", None) is not None:  # budget=auto
-        return dict(budget.ratio), float(budget.c)
+        # the device's saved curve before the budget's own: auto corrects its curve by this run's verify timings,
+        # which move with other processes' load, and the estimate should move with what was accepted
+        return cached_ratio(target) or dict(budget.ratio), float(budget.c)
     ratio = cached_ratio(target)
     if ratio is None:
         return None, None
