@@ -5,7 +5,7 @@ Contract: `verify_cost_curve(engine)` returns {n: T(n)/T(1)} for n = 1..33
 (measured points, linearly interpolated between them), cached under
 `<specpipe cache>/calibration/` keyed by model hash, precision, device and
 BLAS. A timing is checked before it is saved (curve_guard.py): an impossible or
-too noisy one is timed once more, then discarded with one notice (planned from
+too noisy one is timed again (ATTEMPTS in all), then discarded with one notice (planned from
 the cached curve, else from itself made non-decreasing, in memory only); the
 cache keeps the better-conditioned of the cached and the new curve.
 `specpipe-calibrate` prints the curve and the predicted speed-up per K at several
@@ -28,6 +28,7 @@ QUICK_POINTS = [1, 2, 3, 5, 9, 17, 33]
 CONTEXT = 128  # cache length the timings are taken at: a typical mid-answer position
 SAMPLE_S = 0.03  # seconds of one-token forwards a point's samples should add up to, at least `repeats` of them
 MAX_REPEATS = 25
+ATTEMPTS = 3  # timings of a curve before one that keeps failing its checks is given up (not saved)
 
 
 def calibration_key(engine) -> str:
@@ -111,7 +112,7 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
     if usable is not None and not refresh:
         return usable
     points = QUICK_POINTS if quick else FULL_POINTS
-    for _ in range(2):  # a curve that fails its checks is timed once more: a burst of load passes
+    for _ in range(ATTEMPTS):  # a curve that fails its checks is timed again: a burst of load passes
         samples: dict[int, list[float]] = {}
         measured = time_forwards(engine, points, repeats=3, samples=samples)
         bad = curve_guard.problems(measured, samples)
@@ -129,7 +130,8 @@ def verify_cost_curve(engine, quick: bool = True, refresh: bool = False) -> dict
     if bad:
         fallback = "the cached curve" if usable is not None else "it made non-decreasing, this run only"
         print(
-            f"specpipe: the verify curve timed just now failed twice ({bad[0]}); not saved, planning from {fallback}",
+            f"specpipe: the verify curve timed just now failed {ATTEMPTS} times ({bad[0]}); "
+            f"not saved, planning from {fallback}",
             file=sys.stderr,
         )
         if usable is not None:
