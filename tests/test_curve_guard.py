@@ -86,6 +86,7 @@ def test_a_cached_impossible_curve_is_measured_again(tmp_path, engine, monkeypat
     path = next((tmp_path / "calibration").glob("*.json"))
     data = json.loads(path.read_text())
     data["ratio"]["5"] = 0.92  # as an unchecked calibration saved it on a busy machine
+    data["measured"]["5"] = 0.92 * data["measured"]["1"]
     path.write_text(json.dumps(data))
     calls: list = []
     monkeypatch.setattr(cal, "time_forwards", timer(GOOD, calls=calls))
@@ -96,6 +97,8 @@ def test_a_cached_impossible_curve_is_measured_again(tmp_path, engine, monkeypat
 def test_problems_name_what_is_wrong():
     assert curve_guard.problems(GOOD) == []
     assert curve_guard.problems({1: 1.0, 2: 0.97, 3: 1.02}) == []  # within the noise
+    assert curve_guard.problems({1: 0.0010, 2: 0.0008}) == []  # 0.2 ms apart: within the scheduler's jitter
+    assert curve_guard.problems({1: 1.0, 2: 0.8}, jitter=0.0)  # the same shape in seconds: impossible
     falls = curve_guard.problems({1: 1.0, 9: 1.5, 17: 1.3})
     assert len(falls) == 1 and "falls" in falls[0]
     assert curve_guard.monotone({1: 1.0, 2: 0.9, 3: 1.2, 4: 1.1}) == {1: 1.0, 2: 1.0, 3: 1.2, 4: 1.2}

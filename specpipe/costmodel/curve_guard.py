@@ -13,21 +13,30 @@ from __future__ import annotations
 import statistics
 
 NOISE = 0.05  # timings within 5% are equal: what the fastest of 3 samples still varies by on a busy machine
-MAX_SPREAD = 0.5  # the typical point's median sample 1.5x its fastest: the machine was too busy to time
+MAX_SPREAD = 0.5  # the typical point's fastest samples 1.5x apart: the machine was too busy to time
 JITTER_S = 0.0003  # scheduler jitter: a tiny model's millisecond forwards differ by this much on any machine
 
 
 def noise(samples: dict[int, list[float]]) -> float:
-    """Median over points of (median sample - fastest sample - JITTER_S) / fastest, at least 0.
-    Example: {1: [0.0100, 0.0113, 0.0120]} -> 0.1."""
-    spreads = [
-        max(0.0, statistics.median(s) - min(s) - JITTER_S) / min(s) for s in samples.values() if s and min(s) > 0
-    ]
+    """How reproducible each point's fastest sample is: the median over points of (the lower quartile's sample,
+    at least the second fastest, less JITTER_S) / the fastest - 1, at least 0. A busy machine's slow samples
+    above that quartile do not count: the curve is built from the fastest ones.
+    Example: {1: [0.0100, 0.0113, 0.0500]} -> 0.1 (the second fastest, 1.3 ms less the jitter, over 10 ms)."""
+    spreads = []
+    for taken in samples.values():
+        if len(taken) < 2 or min(taken) <= 0:
+            continue
+        ordered = sorted(taken)
+        near = ordered[max(1, len(ordered) // 4)]
+        spreads.append(max(0.0, near - ordered[0] - JITTER_S) / ordered[0])
     return statistics.median(spreads) if spreads else 0.0
 
 
-def problems(measured: dict[int, float], samples: dict[int, list[float]] | None = None) -> list[str]:
-    """What is wrong with a timing {n: seconds of one forward over n tokens} (or a ratio curve); [] when plausible.
+def problems(
+    measured: dict[int, float], samples: dict[int, list[float]] | None = None, jitter: float = JITTER_S
+) -> list[str]:
+    """What is wrong with a timing {n: seconds of one forward over n tokens}; [] when plausible. A ratio curve
+    (no seconds) is checked with jitter=0.
 
     Example: {1: 1.0, 5: 0.92} -> ["T(5)/T(1) = 0.92: a forward over 5 tokens cannot be faster than over 1"].
     """
@@ -35,7 +44,6 @@ def problems(measured: dict[int, float], samples: dict[int, list[float]] | None 
     points = sorted(measured)
     t1 = measured[points[0]]
     peak_n, peak = points[0], t1
-    jitter = JITTER_S if samples is not None else 0.0  # a ratio curve (no seconds) has no jitter floor
 
     def below(t: float, than: float) -> bool:
         return t < than - max(NOISE * than, jitter)
