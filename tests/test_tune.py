@@ -188,3 +188,11 @@ def test_spec_bench_questions_get_a_verdict_per_task(tmp_path):
     assert tasks == ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation"], proc.stdout
     # writing, coding: one task, one question drawn, and its second turn after the first answer
     assert "| mt_bench | draft=ngram | auto | 2 |" in proc.stdout
+    # Spec-Bench answer files for its own speed() / equal.py: plain decoding's beside the measurement's, one line
+    # per question (MT-Bench's two turns in one), under the file's own categories
+    files = sorted((tmp_path / "outputs" / "tune" / "spec_bench").glob("*.jsonl"))
+    plain = [f for f in files if "-plain-" in f.name]
+    assert plain and len(files) > len(plain), files
+    lines = [json.loads(line) for line in plain[0].read_text().splitlines()]
+    assert {line["category"] for line in lines} <= {r["category"] for r in rows} and len(lines) == 6
+    assert any(len(line["choices"][0]["turns"]) == 2 for line in lines)
