@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from specpipe.bench.answer_files import spec_bench_speedup
+from specpipe.bench.noise import passed
 
 
 def _geomean(values: list[float]) -> float:
@@ -41,7 +42,7 @@ def category_rows(rs: list[dict]) -> list[list]:
             k: _geomean([r["fixed"][str(k)]["speedup"] for r in group if str(k) in (r.get("fixed") or {})]) for k in ks
         }
         best = max(fixed, key=lambda k: fixed[k]) if fixed else None
-        speedup = _geomean([r["speedup"] for r in group])
+        speedup = _geomean([r["speedup"] for r in passed(group)])  # the noise guards' excluded prompts left out
         outside = spec_bench_speedup(group)
         rows.append(
             [
@@ -55,8 +56,9 @@ def category_rows(rs: list[dict]) -> list[list]:
                 f"{sum(s['ttft_s'] for s in spec) / len(group):.2f}",
                 f"{max(_ttft_ratio(r) for r in group):.2f}",
                 *[f"{fixed[k]:.2f}x" for k in ks],
-                f"{speedup / fixed[best]:.2f} (K={best})" if best is not None and fixed[best] else "-",
             ]
+            # the header has this column only when fixed Ks were measured
+            + ([f"{speedup / fixed[best]:.2f} (K={best})" if best is not None and fixed[best] else "-"] if ks else [])
         )
     return rows
 
