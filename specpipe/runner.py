@@ -19,7 +19,7 @@ import msgspec
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe import signals
-from specpipe.costmodel.worth import StepLog, calibrated_costs
+from specpipe.costmodel.worth import StepLog, estimate_speedup
 from specpipe.engine.device import device
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
@@ -51,6 +51,9 @@ class RunResult(msgspec.Struct, kw_only=True):
     # and where its costs came from: "calibration" (the T(n)/T(1) curve) or "plain steps" (this run's K = 0 timings)
     speedup_estimate: float = 0.0
     speedup_source: str = ""
+    # its 90% range (worth.estimate_speedup: the run's steps resampled, the curve's noise); 0.0s: no range
+    speedup_low: float = 0.0
+    speedup_high: float = 0.0
 
 
 def run(
@@ -140,9 +143,9 @@ def run(
         interrupted_by=signals.name() if finished.stop_reason == "interrupted" or signals.stdout_lost() else "",
     )
     # priced from what the run already holds (the budget's curve, a cached calibration, its own step times)
-    result.speedup_estimate, result.speedup_source = steps.estimate(
-        *calibrated_costs(session.budget, session.target, session.drafter)
-    )
+    worth = estimate_speedup(steps, session.budget, session.target, session.drafter)
+    result.speedup_estimate, result.speedup_source = worth.value, worth.source
+    result.speedup_low, result.speedup_high = worth.low, worth.high
     if writer.failed is not None:
         result.error = f"cannot write to {out} ({writer.failed.strerror}) after {len(result.tokens)} tokens"
     kept = []

@@ -40,6 +40,7 @@ def test_first_turns_under_spec_benchs_six_tasks(questions):
         "id": "mt_bench-81",
         "prompt": "writing 0: a b a b a b",
         "category": "mt_bench",
+        "question": {"question_id": 81, "category": "writing"},
     }
     assert list(dict.fromkeys(p["category"] for p in prompts)) == [
         "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"
@@ -126,3 +127,47 @@ def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch)
         assert f"| {cat} | " in section
     assert "tokens/step" in section and "worst TTFT ratio" in section and "K=2" in section
     assert "TTFT s plain / spec" in text and "BLAS threads:" in text
+    assert "Spec-Bench speed()" in section
+
+
+def test_bench_writes_spec_bench_answer_files(tmp_path, questions, monkeypatch):
+    """One line per question in Spec-Bench's answer schema: plain decoding's file, the budget's and each fixed K's;
+    MT-Bench's two turns in one line under its own subcategory; accept_lengths sum to the new tokens."""
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    results = tmp_path / "bench.jsonl"
+    with initialize_config_module(config_module="specpipe.conf", version_base=None):
+        cfg = compose(
+            config_name="bench",
+            overrides=[
+                "model=tiny-random",
+                "max_tokens=6",
+                "warmup=false",
+                "anchor=false",
+                "suite.format=spec-bench",
+                f"suite.path={questions}",
+                "suite.per_category=1",
+                "limit=null",
+                "fixed_ks=[2]",
+                f"results={results}",
+            ],
+        )
+    records = run_bench(cfg, results, log=lambda _line: None)
+    files = sorted((tmp_path / "spec_bench").glob("*.jsonl"))
+    names = [f.name.rsplit("-", 1)[0] for f in files]
+    assert names == ["tiny-random-llama-ngram", "tiny-random-llama-ngram-k2", "tiny-random-llama-plain"]
+    plain, spec = (
+        [json.loads(line) for line in (tmp_path / "spec_bench" / f).read_text().splitlines()]
+        for f in (files[2].name, files[0].name)
+    )
+    assert [line["question_id"] for line in plain] == [87, 95, 99, 103, 107, 111]
+    assert plain[0]["category"] == "roleplay" and plain[1]["category"] == "translation"
+    for a, b in zip(plain, spec, strict=True):
+        ca, cb = a["choices"][0], b["choices"][0]
+        assert ca["turns"] == cb["turns"] and all(isinstance(t, str) and t for t in ca["turns"])
+        for c in (ca, cb):
+            assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) and all(w > 0 for w in c["wall_time"])
+            assert len(c["turns"]) == len(c["new_tokens"]) == len(c["wall_time"]) == len(c["decoding_steps"])
+        assert set(a) == {"question_id", "category", "answer_id", "model_id", "tstamp", "choices"}
+    assert len(plain[0]["choices"][0]["turns"]) == 2  # the MT-Bench question's second turn joins its first
+    first = records[0]
+    assert plain[0]["choices"][0]["wall_time"][0] == first["baseline"]["wall_s"]

@@ -74,6 +74,25 @@ def test_a_rerun_skips_every_finished_measurement(tuned):
     assert again.stdout.splitlines()[0] == first.stdout.splitlines()[0]
 
 
+def test_editing_one_prompt_measures_that_prompt_again_only(tuned):
+    """Finished measurements are keyed by a hash of the prompt's text (and the config), not its id: the edited
+    second prompt keeps its id (edits-2) and is measured again; the first is not. Runs after the rerun test."""
+    folder, config_dir, _ = tuned
+    results = folder / "outputs" / "tune" / "roundtrip.jsonl"
+    before = results.read_text().splitlines()
+    mine = folder / "mine.txt"
+    original = mine.read_text()
+    mine.write_text(original.replace("def g(a, b): return a * b", "def g(a, b, c): return a * b * c"))
+    try:
+        again = run("specpipe.tune.cli", ARGS, folder, config_dir)
+    finally:
+        mine.write_text(original)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("[bench] resume: 1 of 2 prompts already in") == 2, again.stderr  # auto+K=4, then K=8
+    added = [json.loads(line) for line in results.read_text().splitlines()[len(before) :]]
+    assert [r["prompt_id"] for r in added] == ["edits-2", "edits-2"]
+
+
 def test_an_unknown_drafter_is_one_line(tmp_path):
     proc = run("specpipe.tune.cli", ["model=tiny-random", "drafts=[ngramm]"], tmp_path, tmp_path / "config")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "choose from" in proc.stderr, proc.stderr
@@ -169,3 +188,11 @@ def test_spec_bench_questions_get_a_verdict_per_task(tmp_path):
     assert tasks == ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation"], proc.stdout
     # writing, coding: one task, one question drawn, and its second turn after the first answer
     assert "| mt_bench | draft=ngram | auto | 2 |" in proc.stdout
+    # Spec-Bench answer files for its own speed() / equal.py: plain decoding's beside the measurement's, one line
+    # per question (MT-Bench's two turns in one), under the file's own categories
+    files = sorted((tmp_path / "outputs" / "tune" / "spec_bench").glob("*.jsonl"))
+    plain = [f for f in files if "-plain-" in f.name]
+    assert plain and len(files) > len(plain), files
+    lines = [json.loads(line) for line in plain[0].read_text().splitlines()]
+    assert {line["category"] for line in lines} <= {r["category"] for r in rows} and len(lines) == 6
+    assert any(len(line["choices"][0]["turns"]) == 2 for line in lines)

@@ -4,12 +4,16 @@ Contract: `category_section(groups)` returns markdown lines, one table per confi
 categories: per category the speed-up over plain (geometric mean of the per-prompt ratios), the
 worst per-prompt ratio, mean accepted tokens per step (tokens / target forwards, bonus included,
 as Spec-Bench's "mean accepted tokens"), time to first token against plain's (the worst prompt),
-and each fixed K's speed-up beside the budget's (fixed_ks). Empty when no record has a category.
+and each fixed K's speed-up beside the budget's (fixed_ks), and Spec-Bench's speed() statistic
+(answer_files.py) so the answer files' figure can be held against the report's. Empty when no record has a category.
 """
 
 from __future__ import annotations
 
 import math
+
+from specpipe.bench.answer_files import spec_bench_speedup
+from specpipe.bench.noise import passed
 
 
 def _geomean(values: list[float]) -> float:
@@ -38,20 +42,23 @@ def category_rows(rs: list[dict]) -> list[list]:
             k: _geomean([r["fixed"][str(k)]["speedup"] for r in group if str(k) in (r.get("fixed") or {})]) for k in ks
         }
         best = max(fixed, key=lambda k: fixed[k]) if fixed else None
-        speedup = _geomean([r["speedup"] for r in group])
+        speedup = _geomean([r["speedup"] for r in passed(group)])  # the noise guards' excluded prompts left out
+        outside = spec_bench_speedup(group)
         rows.append(
             [
                 name,
                 len(group),
                 f"**{speedup:.2f}x**",
                 f"{min(r['speedup'] for r in group):.2f}x",
+                f"{outside:.3f}x" if outside else "-",
                 f"{sum(s['generated_tokens'] for s in spec) / max(1, sum(s['steps'] for s in spec)):.2f}",
                 f"{sum(r['baseline']['ttft_s'] for r in group) / len(group):.2f} / "
                 f"{sum(s['ttft_s'] for s in spec) / len(group):.2f}",
                 f"{max(_ttft_ratio(r) for r in group):.2f}",
                 *[f"{fixed[k]:.2f}x" for k in ks],
-                f"{speedup / fixed[best]:.2f} (K={best})" if best is not None and fixed[best] else "-",
             ]
+            # the header has this column only when fixed Ks were measured
+            + ([f"{speedup / fixed[best]:.2f} (K={best})" if best is not None and fixed[best] else "-"] if ks else [])
         )
     return rows
 
@@ -70,14 +77,18 @@ def category_section(groups: dict[str, list[dict]], config_name) -> list[str]:
                 "## Per category (Spec-Bench)",
                 "",
                 "Speed-up over plain decoding (decode tok/s, geometric mean over the category's questions; worst "
-                "question beside it), mean accepted tokens per step (tokens per target forward, bonus included), "
-                "time to first token plain / budget (mean seconds) and the worst question's budget / plain TTFT.",
+                "question beside it; Spec-Bench's own speed() statistic beside them: mean tokens/s including "
+                "prefill over the category's questions, over plain's, as its evaluation/speed.py computes from the "
+                "answer files in spec_bench/), mean accepted tokens per step (tokens per target forward, bonus "
+                "included), time to first token plain / budget (mean seconds) and the worst question's budget / "
+                "plain TTFT.",
             ]
         header = [
             "category",
             "questions",
             "speed-up",
             "worst",
+            "Spec-Bench speed()",
             "tokens/step",
             "TTFT s plain / spec",
             "worst TTFT ratio",

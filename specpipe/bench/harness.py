@@ -90,7 +90,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
 
     from specpipe import signals
     from specpipe.bench.measure import measure_mlx_lm, measure_specpipe
-    from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite
+    from specpipe.bench.noise import suspect
+    from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite, prompt_key
     from specpipe.config_groups import group_option
     from specpipe.engine.device import device
     from specpipe.errors import SpecpipeError
@@ -110,7 +111,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category, cfg.suite.second_turns
     )
     done = out.done_pairs() if cfg.resume else set()
-    pending = [p for p in prompts if (chash, p["id"]) not in done]
+    pending = [p for p in prompts if (chash, prompt_key(p)) not in done]  # an edited prompt is measured again
     if len(pending) < len(prompts):
         log(f"[bench] resume: {len(prompts) - len(pending)} of {len(prompts)} prompts already in {out.path}")
     if not pending:
@@ -187,14 +188,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         if cfg.anchor:
             anchor_runs(ids, n)
 
-    env = {"versions": versions(), "device": device()}
-    from specpipe.engine.load.blas import blas_info, blas_phrase
-
-    log(f"[bench] {label['model']} ({label['precision']}), {len(pending)} prompts, {blas_phrase(blas_info())}")
-    records = []
-    started = time.perf_counter()
-    for i, prompt in enumerate(pending):
-        ids = encode(prompt)
+    def ab_figures(i: int, ids: list[int]) -> dict:
+        """The A/B pair's part of a record: every path `cfg.repeats` times, the median run of each kept."""
         # A/B interleaved, alternating which goes first so slow drift in a shared machine cancels out.
         # Fixed-K runs join the rotation: every path of one repeat is measured back to back.
         paths = {"baseline": base, "spec": spec, **{str(k): session for k, session in fixed.items()}}
@@ -204,32 +199,48 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             for name in order:
                 runs[name].append(measure_specpipe(paths[name], ids, cfg.max_tokens))
         b, s = median_run(runs["baseline"]), median_run(runs["spec"])
-        answers[prompt["id"]] = b["token_ids"]
         fixed_runs = {k: median_run(runs[k]) for k in runs if k not in ("baseline", "spec")}
         for run in fixed_runs.values():
             run["speedup"] = _ratio(run["decode_tok_s"], b["decode_tok_s"])
             run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
+        mismatch = first_mismatch(b["token_ids"], s["token_ids"]) if greedy else None
+        return {
+            "baseline": b,
+            "spec": s,
+            "speedup": _ratio(s["decode_tok_s"], b["decode_tok_s"]),
+            "speedup_e2e": _ratio(s["e2e_tok_s"], b["e2e_tok_s"]),
+            "first_mismatch": mismatch,
+            "tokens_match": mismatch is None,
+            "fixed": fixed_runs or None,
+        }
+
+    env = {"versions": versions(), "device": device()}
+    from specpipe.engine.load.blas import blas_info, blas_phrase
+
+    log(f"[bench] {label['model']} ({label['precision']}), {len(pending)} prompts, {blas_phrase(blas_info())}")
+    records = []
+    started = time.perf_counter()
+    for i, prompt in enumerate(pending):
+        ids = encode(prompt)
         record = {
             "config_hash": chash,
             "config": snapshot,
             "label": label,
             "prompt_id": prompt["id"],
+            "prompt_key": prompt_key(prompt),
             "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
+            "question": prompt.get("question"),  # Spec-Bench's question_id and category, for its answer files
             "turn": 2 if "after" in prompt else 1,
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
-            "baseline": b,
-            "spec": s,
-            "speedup": _ratio(s["decode_tok_s"], b["decode_tok_s"]),
-            "speedup_e2e": _ratio(s["e2e_tok_s"], b["e2e_tok_s"]),
+            **ab_figures(i, ids),
             "greedy": greedy,
-            "first_mismatch": first_mismatch(b["token_ids"], s["token_ids"]) if greedy else None,
             "anchor": None,
-            "fixed": fixed_runs or None,
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             **env,
         }
-        record["tokens_match"] = record["first_mismatch"] is None
+        b = record["baseline"]
+        answers[prompt["id"]] = b["token_ids"]
         if cfg.anchor:
             a = anchor_runs(ids, cfg.max_tokens)
             for run in (a["plain"], *(a["sweep"] or {"k": a["spec"]}).values()):
@@ -239,11 +250,27 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             for run in (a["sweep"] or {}).values():
                 run["speedup"] = _ratio(run["decode_tok_s"], a["plain"]["decode_tok_s"])
             record["anchor"] = a
+        why = suspect(record)
+        if why:  # one noisy timing: measure the pair again (the other order first), flag it if it stays
+            log(f"[bench] {prompt['id']}: {why}; measuring it again")
+            record.update(ab_figures(i + 1, ids))
+            record["noise"] = {"first": why, "flag": suspect(record)}
         with signals.deferred():  # a stop never cuts a record line in half
             out.append(record)
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
+    _write_answers(out, chash, {prompt_key(p) for p in prompts}, spec.target.decode, log)
     return records
+
+
+def _write_answers(out, chash: str, keys: set[str], decode, log) -> None:
+    """Spec-Bench answer files of every question of the suite this config measured (resumed ones too)."""
+    from specpipe.bench.answer_files import ANSWERS_DIR, write_answer_files
+
+    mine = [r for r in out.records() if r.get("config_hash") == chash and r.get("prompt_key") in keys]
+    paths = write_answer_files(mine, out.path.parent / ANSWERS_DIR, decode)
+    if paths:
+        log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths)}")
 
 
 def with_budget(session, budget):

@@ -17,7 +17,7 @@ import time
 import mlx.core as mx
 import msgspec
 
-from specpipe.events import RunFinished
+from specpipe.events import Emitted, RunFinished
 from specpipe.metrics import StatsCollector
 
 
@@ -27,7 +27,8 @@ def measure_specpipe(session, prompt_ids: list[int], max_tokens: int) -> dict:
     Returns:
         RunStats fields (see events.py) plus stop_reason, token_ids,
         e2e_tok_s (generated / wall time including prefill), gaps_ms,
-        drafted_at / accepted_at (per draft position counts).
+        drafted_at / accepted_at (per draft position counts), emitted_per_step
+        (tokens each target forward gave, the prefill's first token included: Spec-Bench's accept_lengths).
     """
     events = list(session.generate(prompt_ids, max_tokens=max_tokens))
     finished = events[-1]
@@ -45,6 +46,7 @@ def measure_specpipe(session, prompt_ids: list[int], max_tokens: int) -> dict:
         gaps_ms=[round(1000.0 * g, 3) for g in counts.gaps_s],
         drafted_at=counts.position_drafted,
         accepted_at=counts.position_accepted,
+        emitted_per_step=[len(e.token_ids) for e in events if isinstance(e, Emitted) and e.token_ids],
     )
     return record
 

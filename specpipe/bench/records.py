@@ -3,7 +3,9 @@ snapshots and their hash, the results JSONL, and the checks on token lists.
 
 Contract: one results line is one (configuration, prompt) pair, written as
 soon as it is measured and never rewritten, so Ctrl-C keeps every finished
-pair and `resume` skips the (config hash, prompt id) pairs already present.
+pair and `resume` skips the (config hash, prompt key) pairs already present:
+the key hashes the prompt's text, so a prompt edited under the same id is
+measured again.
 """
 
 from __future__ import annotations
@@ -103,6 +105,12 @@ def config_hash(snapshot: dict) -> str:
     return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def prompt_key(prompt: dict) -> str:
+    """A short hash of what a prompt asks: its text, and for a second turn the text of the turn it follows."""
+    asked = {"prompt": prompt["prompt"], "after": (prompt.get("after") or {}).get("prompt")}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
+
+
 # ---------------------------------------------------------------- results file
 
 
@@ -115,8 +123,9 @@ class ResultsFile:
     def records(self) -> list[dict]:
         return list(read_records([self.path])) if self.path.exists() else []
 
-    def done_pairs(self) -> set[tuple[str, str]]:
-        return {(r["config_hash"], r["prompt_id"]) for r in self.records()}
+    def done_pairs(self) -> set[tuple[str, str | None]]:
+        """(config hash, prompt key) of every record (a record from before prompt keys has None: measured again)."""
+        return {(r["config_hash"], r.get("prompt_key")) for r in self.records()}
 
     def append(self, record: dict) -> None:
         """Append one line. Sweep jobs run by a launcher (joblib, submitit) are separate processes

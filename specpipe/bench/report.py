@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specpipe.bench.categories import category_section
+from specpipe.bench.noise import flagged, passed
 from specpipe.bench.records import read_records
 from specpipe.bench.serve_report import is_serve_record
 
@@ -66,6 +67,7 @@ def summarize(rs: list[dict]) -> dict:
     spec = [r["spec"] for r in rs]
     base = [r["baseline"] for r in rs]
     gaps = [g for s in spec for g in s["gaps_ms"]]
+    clean = passed(rs)  # the speed-up headlines pool only prompts whose timings passed the noise guards
     drafted_at, accepted_at = pooled_positions(spec)
     out = {
         "label": rs[0]["label"],
@@ -73,10 +75,11 @@ def summarize(rs: list[dict]) -> dict:
         "prompts": len(rs),
         "base_tok_s": mean([b["decode_tok_s"] for b in base]),
         "spec_tok_s": mean([s["decode_tok_s"] for s in spec]),
-        "speedup": geomean([r["speedup"] for r in rs]),
-        "speedup_min": min(r["speedup"] for r in rs),
-        "speedup_max": max(r["speedup"] for r in rs),
-        "speedup_e2e": geomean([r["speedup_e2e"] for r in rs]),
+        "speedup": geomean([r["speedup"] for r in clean]),
+        "speedup_min": min(r["speedup"] for r in clean),
+        "speedup_max": max(r["speedup"] for r in clean),
+        "speedup_e2e": geomean([r["speedup_e2e"] for r in clean]),
+        "excluded": len(rs) - len(clean),
         "acceptance": _div(sum(s["accepted"] for s in spec), sum(s["drafted"] for s in spec)),
         "tokens_per_forward": _div(sum(s["generated_tokens"] for s in spec), sum(s["steps"] for s in spec)),
         "ttft_s": mean([s["ttft_s"] for s in spec]),
@@ -132,9 +135,11 @@ def verdicts(records: list[dict]) -> list[str]:
     lines = []
     for rs in group_by_config(records).values():
         lab = rs[0]["label"]
-        ours = geomean([r["speedup"] for r in rs])
+        clean = passed(rs)
+        ours = geomean([r["speedup"] for r in clean])
+        out = f", {len(rs) - len(clean)} excluded as noise" if len(clean) < len(rs) else ""
         parts = [
-            f"verdict {lab['suite']} ({len(rs)} prompts, {config_name(lab)}): {lab.get('budget', '?')} {ours:.2f}x"
+            f"verdict {lab['suite']} ({len(rs)} prompts{out}, {config_name(lab)}): {lab.get('budget', '?')} {ours:.2f}x"
         ]
         fixed = _fixed_sweep(rs)
         if fixed:
@@ -262,7 +267,8 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         + " (chosen at start from the processes running then; `blas.threads=` overrides)",
         "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first "
         "over the time after the first); "
-        "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back.",
+        "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back, "
+        "over the prompts whose timings passed the noise guards (bench/noise.py; each excluded one is flagged below).",
         "",
         "## Token match (greedy losslessness)",
         "",
@@ -296,7 +302,8 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     s["prompts"],
                     f"{s['base_tok_s']:.2f}",
                     f"{s['spec_tok_s']:.2f}",
-                    f"**{s['speedup']:.2f}x** ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})",
+                    f"**{s['speedup']:.2f}x** ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
+                    + (f", {s['excluded']} excluded as noise" if s.get("excluded") else ""),
                     f"{s['speedup_e2e']:.2f}x",
                     f"{s['acceptance']:.0%}",
                     f"{s['tokens_per_forward']:.2f}",
@@ -412,6 +419,10 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
     for s, rs in zip(summaries, groups.values()):
         for r in sorted(rs, key=lambda r: r["prompt_id"]):
             flag = "ok" if r["tokens_match"] else f"**MISMATCH at {r['first_mismatch']}**"
+            if flagged(r):  # measured twice, suspect both times: out of the headline
+                flag += f"; **noise, excluded**: {flagged(r)}"
+            elif r.get("noise"):
+                flag += f"; measured again ({r['noise']['first']})"
             a = r.get("anchor") or {}
             runs = {
                 "plain": a.get("plain"),

@@ -2,9 +2,10 @@
 
 Contract: `read_spec_bench(text, source, per_category)` turns Spec-Bench's `question.jsonl` (one
 {"question_id", "category", "turns"} object per line; github.com/hemingkx/Spec-Bench,
-data/spec_bench/question.jsonl) into prompts [{"id", "prompt", "category"}]: each question's first
+data/spec_bench/question.jsonl) into prompts [{"id", "prompt", "category", "question"}]: each question's first
 turn, under one of Spec-Bench's six task categories (MT-Bench's eight subcategories are its
-"mt_bench"). `per_category=N` keeps N questions per category, evenly spaced through each category's
+"mt_bench"; `question` keeps the row's own question_id and category for its answer files).
+`per_category=N` keeps N questions per category, evenly spaced through each category's
 questions in file order, so the draw is the same every time. With `second_turns`, each drawn MT-Bench
 question's second turn follows its first as a prompt of its own, `{"id": "<first id>-turn2", "prompt": the second
 turn, "after": {"id", "prompt"} of the first}`: as Spec-Bench runs it, the second turn is asked with the first
@@ -47,7 +48,15 @@ def read_spec_bench(
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise ValueError("turns must be a list of strings")
             task = task_of(str(row["category"]))
-            prompt = {"id": f"{task}-{row['question_id']}", "prompt": turns[0], "category": task, "turns": turns}
+            # `question`: Spec-Bench's own identity of the row, for its answer files (bench/answer_files.py)
+            question = {"question_id": row["question_id"], "category": str(row["category"])}
+            prompt = {
+                "id": f"{task}-{row['question_id']}",
+                "prompt": turns[0],
+                "category": task,
+                "turns": turns,
+                "question": question,
+            }
         except (ValueError, KeyError, TypeError) as exc:
             raise SpecpipeError(
                 f'suite {source} line {n}: expected a Spec-Bench question {{"question_id", "category", "turns"}} '
@@ -74,5 +83,6 @@ def _with_second_turns(prompts: list[dict], second_turns: bool) -> list[dict]:
         out.append(p)
         if second_turns and p["category"] == "mt_bench" and len(turns) > 1 and isinstance(turns[1], str):
             after = {"id": p["id"], "prompt": p["prompt"]}
-            out.append({"id": f"{p['id']}-turn2", "prompt": turns[1], "category": "mt_bench", "after": after})
+            second = {"id": f"{p['id']}-turn2", "prompt": turns[1], "category": "mt_bench", "after": after}
+            out.append({**second, "question": p["question"]})
     return out

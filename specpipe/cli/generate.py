@@ -185,8 +185,10 @@ def summary_line(result) -> str:
 
 def _worth(result) -> str:
     """The cost model's estimate against plain decoding (costmodel/worth.py); nothing when it has no costs."""
-    x = getattr(result, "speedup_estimate", 0.0)
-    return f" | ~{x:.1f}x vs plain (estimated)" if x > 0 else ""
+    from specpipe.costmodel.worth import phrase
+
+    words = phrase(*(getattr(result, f"speedup_{k}", 0.0) for k in ("estimate", "low", "high")))
+    return f" | {words}" if words else ""
 
 
 def _draft_prefill(s) -> str:

@@ -5,13 +5,23 @@ recovered / bonus one) over its cost in plain steps, k·c + T(k+1)/T(1) (calibra
 with T(n)/T(1) the curve the budget already holds (budget=auto) or the one a calibration cached for this target.
 Without a curve, the run's plain steps (K = 0) time T(1) and the drafting steps' measured seconds are priced
 against it; a run with neither says nothing (0.0).
+
+`estimate_speedup(steps, budget, target, drafter)` is the one call for the figure and its uncertainty (the CLI's
+summary line and the chat show the same): a 90% range from resampling the run's own steps (how sure its
+acceptance is), widened by the curve's timing noise when a curve priced it; `phrase` words it
+(`~1.6x (1.4-1.8) vs plain (estimated)`), or says it has no range.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
+from dataclasses import dataclass
 
 from specpipe.events import Drafted, Event, Verified
+
+RESAMPLES = 200  # bootstrap draws of the run's steps: the 5th and 95th percentiles are stable to ~0.01x
+MIN_DRAFTING_STEPS = 5  # fewer drafting steps than this: a range would be a guess, so none is given
 
 
 class StepLog:
@@ -30,26 +40,89 @@ class StepLog:
 
     def estimate(self, ratio: dict[int, float] | None, c: float | None) -> tuple[float, str]:
         """(speed-up against plain decoding, where its costs came from), or (0.0, "") when nothing can price it."""
-        if not self.steps or not any(k for k, _, _ in self.steps):
-            return 0.0, ""  # plain decoding throughout (or no step at all): nothing to compare
-        tokens = sum(t for _, t, _ in self.steps)
-        if ratio and c is not None:
-            top = max(ratio)
-            cost = sum(k * c + ratio[min(k + 1, top)] if k else 1.0 for k, _, _ in self.steps)
-            return tokens / cost, "calibration"
-        plain = [s for k, _, s in self.steps if k == 0]
-        if not plain:
-            return 0.0, ""
-        t1 = statistics.median(plain)
-        spent = sum(s for _, _, s in self.steps) + self.draft_s  # the plain steps' own drafting is ~0
-        return (tokens * t1 / spent, "plain steps") if spent > 0 and t1 > 0 else (0.0, "")
+        return _priced(self.steps, self.draft_s, ratio, c)
+
+    def interval(self, ratio: dict[int, float] | None, c: float | None) -> tuple[float, float] | None:
+        """The estimate's 5th-95th percentile over RESAMPLES resamplings of the run's steps (seeded: the same run
+        gives the same range); None with fewer than MIN_DRAFTING_STEPS drafting steps or nothing to price."""
+        drafting = sum(1 for k, _, _ in self.steps if k)
+        if drafting < MIN_DRAFTING_STEPS:
+            return None
+        rng, n = random.Random(0), len(self.steps)
+        values = []
+        for _ in range(RESAMPLES):
+            drawn = [self.steps[rng.randrange(n)] for _ in range(n)]
+            share = sum(1 for k, _, _ in drawn if k) / drafting  # the drafting seconds follow the drafting steps
+            value, _ = _priced(drawn, self.draft_s * share, ratio, c)
+            if value > 0:
+                values.append(value)
+        if len(values) < RESAMPLES // 2:
+            return None
+        values.sort()
+        return values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
+
+
+def _priced(
+    steps: list[tuple[int, int, float]], draft_s: float, ratio: dict[int, float] | None, c: float | None
+) -> tuple[float, str]:
+    """The speed-up the cost model gives these steps (see StepLog.estimate)."""
+    if not steps or not any(k for k, _, _ in steps):
+        return 0.0, ""  # plain decoding throughout (or no step at all): nothing to compare
+    tokens = sum(t for _, t, _ in steps)
+    if ratio and c is not None:
+        top = max(ratio)
+        cost = sum(k * c + ratio[min(k + 1, top)] if k else 1.0 for k, _, _ in steps)
+        return tokens / cost, "calibration"
+    plain = [s for k, _, s in steps if k == 0]
+    if not plain:
+        return 0.0, ""
+    t1 = statistics.median(plain)
+    spent = sum(s for _, _, s in steps) + draft_s  # the plain steps' own drafting is ~0
+    return (tokens * t1 / spent, "plain steps") if spent > 0 and t1 > 0 else (0.0, "")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's speed-up against plain decoding: value (0.0: none), its range (0.0s: none), its source."""
+
+    value: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    source: str = ""  # "calibration" | "plain steps" | ""
+
+
+def estimate_speedup(steps: StepLog, budget, target, drafter) -> Estimate:
+    """What speculation was worth in a finished run, with its uncertainty: the one function the CLI and the chat
+    call. The range is the steps' resampling range, widened by the priced curve's timing noise."""
+    ratio, c = calibrated_costs(budget, target, drafter)
+    value, source = steps.estimate(ratio, c)
+    if value <= 0:
+        return Estimate()
+    span = steps.interval(ratio, c)
+    if span is None:
+        return Estimate(value, source=source)
+    noise = curve_noise(target) if source == "calibration" else 0.0
+    low, high = min(span[0], value) / (1 + noise), max(span[1], value) * (1 + noise)
+    return Estimate(value, low, high, source)
+
+
+def phrase(value: float, low: float = 0.0, high: float = 0.0) -> str:
+    """`~1.6x (1.4-1.8) vs plain (estimated)`; without a range `~1.6x vs plain (estimated, no range: too few
+    drafting steps)`; "" when there is no estimate."""
+    if value <= 0:
+        return ""
+    if low > 0 and high > 0:
+        return f"~{value:.1f}x ({low:.1f}-{high:.1f}) vs plain (estimated)"
+    return f"~{value:.1f}x vs plain (estimated, no range: too few drafting steps)"
 
 
 def calibrated_costs(budget, target, drafter) -> tuple[dict[int, float] | None, float | None]:
-    """(T(n)/T(1), c) without timing anything: the budget's own (budget=auto calibrated in prepare), else
-    the target's cached curve and a draft cost known without a timing; (None, None) when there is none."""
+    """(T(n)/T(1), c) without timing anything: the target's cached curve (budget=auto: else the budget's own, as
+    prepare calibrated it) and the budget's draft cost or one known without a timing; (None, None) when none."""
     if getattr(budget, "calibrated", False) and getattr(budget, "c", None) is not None:  # budget=auto
-        return dict(budget.ratio), float(budget.c)
+        # the device's saved curve before the budget's own: auto corrects its curve by this run's verify timings,
+        # which move with other processes' load, and the estimate should move with what was accepted
+        return cached_ratio(target) or dict(budget.ratio), float(budget.c)
     ratio = cached_ratio(target)
     if ratio is None:
         return None, None
@@ -85,3 +158,9 @@ def cached_ratio(engine) -> dict[int, float] | None:
 def cached_t1(engine) -> float | None:
     data = _cached(engine)
     return float(data["t1_s"]) if data else None
+
+
+def curve_noise(engine) -> float:
+    """The cached curve's timing noise (curve_guard.noise); 0.0 when it has none on record."""
+    data = _cached(engine)
+    return float(data.get("noise", 0.0)) if data else 0.0

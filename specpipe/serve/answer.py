@@ -20,11 +20,12 @@ b accepted, X recovered], rejected=[Rejection(step=3, ids=[c], text="c")]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
 from specpipe.events import Emitted, Event, RunFinished, RunStats, Verified
+from specpipe.serve.field_shapes import DraftTally, llama_timings
 
 ACCEPTED, BONUS, RECOVERED, PLAIN = "accepted", "bonus", "recovered", "plain"
 
@@ -68,6 +69,8 @@ class Finished:
     completion_tokens: int
     stats: dict  # the run's figures: acceptance, tokens per forward, decode tok/s, TTFT ...
     queue_s: float  # waited before decoding started
+    timings: dict = field(default_factory=dict)  # llama-server's shape (field_shapes.py); {} when no run finished
+    speculative_decoding: dict = field(default_factory=dict)  # vLLM's per-request shape (field_shapes.py)
 
 
 def answer_figures(stats: RunStats, batched: bool = False) -> dict:
@@ -96,11 +99,13 @@ class AnswerStream:
         self._tokens: list[tuple[Token, int, int]] = []  # not yet sent: (token, its text's start, end)
         self._rejected: list[Rejection] = []  # not yet sent
         self._verified: dict[int, Verified] = {}  # step -> its verdict, until the step's Emitted
+        self.tally = DraftTally()  # every verified draft, for the vLLM-shaped summary
 
     def consume(self, event: Event) -> bool:
         """Take one event; True once a stop string has appeared (the run should stop: later steps are discarded)."""
         if isinstance(event, Verified):
             self._verified[event.step] = event
+            self.tally.count(event)
         elif isinstance(event, Emitted) and not self.stopped:
             self._emitted(event)
         elif isinstance(event, RunFinished):
@@ -111,7 +116,11 @@ class AnswerStream:
         """Put what is left (a job cut by shutdown too: its client still reads) and the job's ending."""
         self._flush(final=True)
         completion = self.finished.stats.generated_tokens if self.finished is not None else 0
-        self.job.out.put(("done", Finished(self.text, reason, prompt_tokens, completion, figures, queue_s)))
+        timings = llama_timings(self.finished.stats) if self.finished is not None else {}
+        done = Finished(
+            self.text, reason, prompt_tokens, completion, figures, queue_s, timings, self.tally.speculative_decoding()
+        )
+        self.job.out.put(("done", done))
 
     # ---------------------------------------------------------------- pieces
 

@@ -245,6 +245,7 @@ def completion_body(kind: str, rid: str, model: str, finished, seed: int | None 
         "choices": [choice],
         "usage": usage(finished),
         "specpipe": specpipe_figures(finished, seed),
+        **other_shapes(finished),
     }
 
 
@@ -265,7 +266,14 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finished=None,
         choice["finish_reason"] = _reason(finished.finish_reason)
         body["usage"] = usage(finished)
         body["specpipe"] = specpipe_figures(finished, seed)
+        body.update(other_shapes(finished))
     return body
+
+
+def other_shapes(finished) -> dict:
+    """The answer's figures as llama-server (`timings`) and vLLM (`speculative_decoding`) give them."""
+    shapes = {"timings": finished.timings} if finished.timings else {}
+    return shapes | {"speculative_decoding": finished.speculative_decoding} if finished.speculative_decoding else shapes
 
 
 def delta_fields(delta) -> dict:

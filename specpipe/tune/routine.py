@@ -69,10 +69,13 @@ def has_recurrent_layers(node) -> bool:
 
 
 def records_of(results: Path, node) -> list[dict]:
-    from specpipe.bench.records import ResultsFile
+    """This measurement's records of the suite's prompts as they read now (a prompt's older text is not one)."""
+    from specpipe.bench.records import ResultsFile, load_suite, prompt_key
 
     chash = config_hash_of(node)
-    return [r for r in ResultsFile(results).records() if r.get("config_hash") == chash]
+    s = node.suite
+    keys = {prompt_key(p) for p in load_suite(s.name, s.path, node.limit, s.format, s.per_category, s.second_turns)}
+    return [r for r in ResultsFile(results).records() if r.get("config_hash") == chash and r.get("prompt_key") in keys]
 
 
 def tail_acceptance(runs: list[dict], k: int) -> float:
