@@ -109,6 +109,12 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     prompts = load_suite(
         cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category, cfg.suite.second_turns
     )
+    multi_request = any("session" in p for p in prompts)  # suite=sessions: history carried between requests
+    if multi_request and (cfg.repeats > 1 or cfg.fixed_ks):
+        raise SpecpipeError(
+            f"suite={cfg.suite.name} carries each session's history from request to request: a repeat or a fixed-K "
+            "run would draft from its own earlier answer; use repeats=1 fixed_ks=null (and alternate sittings)"
+        )
     done = out.done_pairs() if cfg.resume else set()
     pending = [p for p in prompts if (chash, p["id"]) not in done]
     if len(pending) < len(prompts):
@@ -187,6 +193,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         if cfg.anchor:
             anchor_runs(ids, n)
 
+    spec.history.clear()  # draft=suffix: the warm-up's requests are no one's history
     env = {"versions": versions(), "device": device()}
     from specpipe.engine.load.blas import blas_info, blas_phrase
 
@@ -194,6 +201,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     records = []
     started = time.perf_counter()
     for i, prompt in enumerate(pending):
+        if multi_request and (i == 0 or prompt.get("session") != pending[i - 1].get("session")):
+            spec.history.clear()  # a new session starts with no history, as a new chat or server would
         ids = encode(prompt)
         # A/B interleaved, alternating which goes first so slow drift in a shared machine cancels out.
         # Fixed-K runs join the rotation: every path of one repeat is measured back to back.
@@ -216,6 +225,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "prompt_id": prompt["id"],
             "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
             "turn": 2 if "after" in prompt else 1,
+            "session": prompt.get("session"),  # suite=sessions: the session this request belongs to
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
             "baseline": b,
@@ -243,6 +253,10 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             out.append(record)
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
+        if multi_request and (i + 1 == len(pending) or pending[i + 1].get("session") != prompt.get("session")):
+            from specpipe.bench.sessions import session_line
+
+            log(session_line([r for r in records if r["session"] == prompt.get("session")]))
     return records
 
 

@@ -117,10 +117,12 @@ class SuffixStore:
             if seq in self._seqs:
                 self._seqs.move_to_end(seq)
 
-    def all_tokens(self) -> list[list[int]]:
-        """Every sequence's ids, least recently used first (persistence)."""
+    def clear(self) -> None:
+        """Forget every sequence (a new bench session); drafters holding one open a new one at their next step."""
         with self._lock:
-            return [list(ids) for ids in self._seqs.values()]
+            self._seqs.clear()
+            self._nodes.clear()
+            self._tokens = 0
 
     # ---------------------------------------------------------------- internals (lock held)
 
@@ -172,3 +174,9 @@ class HistoryShelf:
             if key not in self._stores:
                 self._stores[key] = SuffixStore(capacity, min_n, max_n)
             return self._stores[key]
+
+    def clear(self) -> None:
+        """Empty every store on the shelf: what a new session would start with, keeping the drafters."""
+        with self._lock:
+            for store in self._stores.values():
+                store.clear()
