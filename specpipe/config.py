@@ -104,6 +104,7 @@ class ChainDraftConfig(PluginConfig):
     mtp: Any = MISSING
     lookahead: Any = MISSING
     eagle3: Any = MISSING
+    suffix: Any = MISSING
 
 
 @dataclass

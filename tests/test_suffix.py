@@ -200,3 +200,18 @@ def test_tree_is_refused_in_one_line():
     with pytest.raises(SpecpipeError) as caught:
         _session("llama", ["draft=suffix", "tree=dynamic"])
     assert str(caught.value).startswith("draft=suffix cannot propose token trees")
+
+
+def test_a_chain_puts_the_suffix_store_in_front_of_a_draft_model():
+    """draft=chain draft.sources=[suffix,model]: the suffix source drafts from the session's history (a free
+    lookup), the draft model elsewhere; the output is draft=none's."""
+    plain = _session("llama", ["draft=none"])
+    session = _session("llama", ["draft=chain", "draft.sources=[suffix,model]", "draft.model.model=tiny-random"])
+    prompt = session.target.encode_prompt(PROMPT, chat=False)
+    expected = list(list(plain.generate(prompt, 32))[-1].token_ids)
+    first = list(session.generate(prompt, 32))[-1]
+    again = list(session.generate(prompt, 32))[-1]  # the first answer is now the session's history
+    assert list(first.token_ids) == expected and list(again.token_ids) == expected
+    suffix = session.drafter.sources[0]  # type: ignore[attr-defined]
+    assert suffix.name == "suffix" and suffix.store is session.history.store(200_000, 1, 16)
+    assert again.stats.target_forwards < first.stats.target_forwards
