@@ -215,3 +215,24 @@ def test_a_chain_puts_the_suffix_store_in_front_of_a_draft_model():
     suffix = session.drafter.sources[0]  # type: ignore[attr-defined]
     assert suffix.name == "suffix" and suffix.store is session.history.store(200_000, 1, 16)
     assert again.stats.target_forwards < first.stats.target_forwards
+
+
+def test_a_thousand_requests_keep_the_store_within_store_tokens():
+    """The server's case in miniature: 1,000 requests (prompt, then an answer drafted for step by step) through
+    drafters sharing one shelf; the store never holds more than store_tokens, nor more trie nodes than those
+    tokens can make."""
+    import random
+
+    rng = random.Random(0)
+    shelf = HistoryShelf()
+    cap, max_n = 1000, 4
+    for _ in range(1000):
+        drafter = SuffixDrafter(max_n=max_n, store_tokens=cap, history=shelf)
+        context = [rng.randrange(50) for _ in range(rng.randrange(10, 50))]
+        drafter.prefill(context)
+        for _ in range(4):
+            context += [rng.randrange(50) for _ in range(rng.randrange(1, 8))]
+            drafter.propose(context, _plan(4))
+            assert drafter.store.tokens <= cap
+    assert len(drafter.store._nodes) <= cap * max_n
+    assert drafter.store.sequences < 1000  # least recently used requests left
