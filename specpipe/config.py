@@ -73,6 +73,7 @@ class SuffixDraftConfig(PluginConfig):
     spec_factor: float = MISSING  # a draft is at most spec_factor x its first match's length
     min_prob: float = MISSING  # stop where the branch's estimated probability falls below this
     store_tokens: int = ranged(0, None, "tokens of earlier requests kept, e.g. 200000")
+    store_file: str | None = MISSING  # keep the history in this JSON file across runs; None: in memory only
 
 
 @dataclass

@@ -14,7 +14,8 @@ than the first one is left.
 point masses (`probs` None): exact under sampling, as n-gram's. Each request is one sequence of the store
 from its prefill on, so it is also matched against itself (prompt lookup) and stays in the store as
 history when the request ends; `draft.store_tokens` bounds the store (least recently used requests
-leave first). A Session gives all its drafters one shelf of stores (`history`), so a chat's turns and a
+leave first); `draft.store_file` keeps it across processes (suffix_file.py: JSON of token ids, read as
+data only). A Session gives all its drafters one shelf of stores (`history`), so a chat's turns and a
 server's requests share one history; a new Session starts empty.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
+from specpipe.drafters.suffix_file import read_store_file, write_store_file
 from specpipe.drafters.suffix_store import HistoryShelf, SuffixStore
 from specpipe.errors import SpecpipeError
 
@@ -49,7 +51,9 @@ class SuffixDrafter(DrafterBase):
         spec_factor: float = 2.0,
         min_prob: float = 0.1,
         store_tokens: int = 200_000,
+        store_file: str | None = None,
         history: HistoryShelf | None = None,
+        target=None,
     ):
         if not 1 <= min_n <= max_n <= MAX_N:
             raise SpecpipeError(
@@ -64,13 +68,21 @@ class SuffixDrafter(DrafterBase):
             raise SpecpipeError(f"draft.store_tokens={store_tokens}: need >= 0 (0 keeps no earlier requests)")
         self.min_n, self.max_n, self.spec_factor, self.min_prob = min_n, max_n, spec_factor, min_prob
         shelf = history if history is not None else HistoryShelf()  # alone (a test, a script): its own store
-        self.store: SuffixStore = shelf.store(store_tokens, min_n, max_n)
+        # the file's history is only good for the model whose tokenizer wrote it
+        info = target.info if target is not None else None
+        self._model = f"{info.name} {info.sha256}" if info is not None else ""
+        self.store_file = store_file
+        earlier = read_store_file(store_file, self._model) if store_file else None
+        self.store: SuffixStore = shelf.store(store_tokens, min_n, max_n, earlier)
         self._seq: int | None = None  # this request's sequence in the store
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        """A new request: a new sequence of the store (the previous request's stays, as history)."""
+        """A new request: a new sequence of the store (the previous request's stays, as history); with a
+        store file, the history so far is written first (one whole-file write per request)."""
         if self._seq is not None and self.store.holds(self._seq) and not self.store.length(self._seq):
             self.store.close(self._seq)
+        if self.store_file:
+            write_store_file(self.store_file, self._model, self.store.sequences_ids())
         self._seq = self.store.open()
         self.store.append(self._seq, list(prompt_ids))
 

@@ -117,6 +117,11 @@ class SuffixStore:
             if seq in self._seqs:
                 self._seqs.move_to_end(seq)
 
+    def sequences_ids(self) -> list[list[int]]:
+        """Every sequence's ids, least recently used first (what draft.store_file keeps)."""
+        with self._lock:
+            return [list(ids) for ids in self._seqs.values() if ids]
+
     def clear(self) -> None:
         """Forget every sequence (a new bench session); drafters holding one open a new one at their next step."""
         with self._lock:
@@ -168,11 +173,14 @@ class HistoryShelf:
         self._stores: dict[tuple[int, int, int], SuffixStore] = {}
         self._lock = threading.Lock()
 
-    def store(self, capacity: int, min_n: int, max_n: int) -> SuffixStore:
+    def store(self, capacity: int, min_n: int, max_n: int, earlier: list[list[int]] | None = None) -> SuffixStore:
+        """The shelf's store of this shape; a new one starts from `earlier` sequences (a store file's)."""
         with self._lock:
             key = (capacity, min_n, max_n)
             if key not in self._stores:
-                self._stores[key] = SuffixStore(capacity, min_n, max_n)
+                store = self._stores[key] = SuffixStore(capacity, min_n, max_n)
+                for ids in earlier or []:
+                    store.append(store.open(), ids)
             return self._stores[key]
 
     def clear(self) -> None:
