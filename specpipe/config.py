@@ -67,6 +67,16 @@ class NgramDraftConfig(PluginConfig):
 
 
 @dataclass
+class SuffixDraftConfig(PluginConfig):
+    min_n: int = ranged(1, 64, "the shortest match drafted from, e.g. 1")
+    max_n: int = ranged(1, 64, "the longest match (the trie's depth), e.g. 16")
+    spec_factor: float = MISSING  # a draft is at most spec_factor x its first match's length
+    min_prob: float = MISSING  # stop where the branch's estimated probability falls below this
+    store_tokens: int = ranged(0, None, "tokens of earlier requests kept, e.g. 200000")
+    store_file: str | None = MISSING  # keep the history in this JSON file across runs; None: in memory only
+
+
+@dataclass
 class LookaheadDraftConfig(PluginConfig):
     window: int = MISSING  # Jacobi window: positions guessed ahead, fed as one tree branch
     ngram: int = MISSING  # n of the n-grams gathered from the window's iterations
@@ -95,6 +105,7 @@ class ChainDraftConfig(PluginConfig):
     mtp: Any = MISSING
     lookahead: Any = MISSING
     eagle3: Any = MISSING
+    suffix: Any = MISSING
 
 
 @dataclass
@@ -235,6 +246,7 @@ def register() -> None:
     cs.store(group="schema/quant", name="quant", node=QuantConfig)
     cs.store(group="schema/draft", name="none", node=NoneDraftConfig)
     cs.store(group="schema/draft", name="ngram", node=NgramDraftConfig)
+    cs.store(group="schema/draft", name="suffix", node=SuffixDraftConfig)
     cs.store(group="schema/draft", name="model", node=ModelDraftConfig)
     cs.store(group="schema/draft", name="lookahead", node=LookaheadDraftConfig)
     cs.store(group="schema/draft", name="chain", node=ChainDraftConfig)

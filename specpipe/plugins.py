@@ -22,7 +22,7 @@ from specpipe.plugin_targets import check_target
 
 # group -> runtime objects the session offers a plug-in of that kind (by constructor parameter name)
 RUNTIME: dict[str, frozenset[str]] = {
-    "draft": frozenset({"target", "load", "sampler", "p_min"}),
+    "draft": frozenset({"target", "load", "sampler", "p_min", "history"}),
     "budget": frozenset(),
     "rollback": frozenset(),
     "compare": frozenset({"sampler"}),
@@ -137,13 +137,14 @@ if TYPE_CHECKING:  # mypy checks every plug-in class against its protocol here (
     from specpipe.drafters.ngram import NgramDrafter
     from specpipe.drafters.none import NoneDrafter
     from specpipe.drafters.sources import ChainDrafter
+    from specpipe.drafters.suffix import SuffixDrafter
     from specpipe.engine.kv import FullKV, QuantizedKV, WindowKV
     from specpipe.rollbacks.auto import AutoRollback
     from specpipe.rollbacks.checkpoint import CheckpointRollback
     from specpipe.rollbacks.recompute import RecomputeRollback
     from specpipe.rollbacks.trim import TrimRollback
 
-    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, DFlashDrafter, ChainDrafter, Gemma4AssistantDrafter)  # noqa: E501  # fmt: skip
+    _DRAFTERS: tuple[type[Drafter], ...] = (NoneDrafter, NgramDrafter, ModelDrafter, LayerSkipDrafter, MtpDrafter, LookaheadDrafter, Eagle3Drafter, DFlashDrafter, ChainDrafter, Gemma4AssistantDrafter, SuffixDrafter)  # noqa: E501  # fmt: skip
     _BUDGETS: tuple[type[Budget], ...] = (FixedBudget, AdaptiveBudget, ConfidenceBudget, AutoBudget)
     _ROLLBACKS: tuple[type[Rollback], ...] = (TrimRollback, CheckpointRollback, RecomputeRollback, AutoRollback)
     _COMPARATORS: tuple[type[Comparator], ...] = (GreedyComparator, RejectionComparator, MatchComparator)

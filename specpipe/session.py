@@ -18,6 +18,7 @@ from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.drafters.suffix_store import HistoryShelf
 from specpipe.engine.context import check_room
 from specpipe.engine.kv import FullKV
 from specpipe.errors import ConfigError, SpecpipeError
@@ -52,8 +53,10 @@ class Session:
         # budget=confidence's floor reaches the drafter through its constructor (check_supported
         # refused drafters without one)
         floor = {"p_min": self.budget.p_min} if self.budget.p_min > 0 else {}
+        # earlier requests' text for draft=suffix: one history per session, shared with the server's rows
+        self.history = HistoryShelf()
         self.drafter: Drafter = build_plugin(
-            cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler, **floor
+            cfg.draft, "draft", target=self.target, load=load_draft, sampler=self.sampler, history=self.history, **floor
         )
         self.budget.prepare(self.target, self.drafter)  # budget=auto calibrates here (timed once per device, cached)
         from specpipe.advice import warnings

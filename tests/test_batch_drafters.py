@@ -31,6 +31,7 @@ MAX_TOKENS = [24, 17, 24, 11]  # rows leave at different steps
 DRAFTS = {
     "none": ["draft=none"],
     "ngram": ["draft=ngram"],
+    "suffix": ["draft=suffix"],
     "model": ["draft=model", "draft.model=tiny-random"],
     "layerskip": ["draft=layerskip", "draft.depth=1"],
 }
@@ -64,7 +65,7 @@ def _alone(session: Session, seed: int, text: str, max_tokens: int) -> list[int]
 
 
 ARCHS = ["llama", "qwen3", "gemma3_text", "qwen3_next", "mamba2"]
-MATRIX_DRAFTS = ["none", "ngram", "model", "layerskip", "mtp", "eagle3", "dflash", "lookahead", "chain"]
+MATRIX_DRAFTS = ["none", "ngram", "suffix", "model", "layerskip", "mtp", "eagle3", "dflash", "lookahead", "chain"]
 RECURRENT = {"qwen3_next", "mamba2"}
 
 
@@ -78,6 +79,8 @@ def _refusal(arch: str, draft: str, tree: bool) -> str | None:
         return "draft=layerskip: layer 0 of this model is not a full-attention block"
     if tree and arch in RECURRENT and draft != "none":
         return "tree verification needs attention-only KV caches"
+    if tree and draft == "suffix":
+        return "draft=suffix cannot propose token trees"
     return None
 
 
@@ -159,10 +162,12 @@ def test_every_drafter_batched_gives_each_request_its_answer_alone(arch, draft, 
         return
     seeds = [3, 11, 7, 5]
     got = _batched(session, seeds)
-    if draft == "chain":
+    if draft in ("chain", "suffix"):
         # the chain prices its sources by measured seconds, so the same seed may take another path through the
-        # drafts (as budget=auto does): the answer is exact in distribution (test_draft_chain's statistical
-        # test), not token for token. Checked here: the rows ran, and each answer is the full length.
+        # drafts (as budget=auto does), and suffix drafts from the session's history, which the batch's other
+        # rows fill differently from requests run alone: the answer is exact in distribution
+        # (test_draft_chain's / test_suffix_sampling's statistical tests), not token for token. Checked here:
+        # the rows ran, and each answer is the full length.
         assert [len(g) for g in got] == MAX_TOKENS
         return
     assert got == [_alone(session, s, t, m) for s, t, m in zip(seeds, TEXTS, MAX_TOKENS)]

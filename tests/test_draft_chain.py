@@ -37,7 +37,8 @@ MAX_TOKENS = 40
 
 def chain(target, draft, sources, probe_every=1, sampler=None, **keys):
     """A ChainDrafter as conf/draft/chain.yaml builds it; `keys`: {source: {key: value}} overrides."""
-    nodes = {n: group_option("draft", n) for n in ("ngram", "model", "layerskip", "mtp", "lookahead", "eagle3")}
+    names = ("ngram", "model", "layerskip", "mtp", "lookahead", "eagle3", "suffix")
+    nodes = {n: group_option("draft", n) for n in names}
     nodes["model"]["model"] = "other"  # the noisy copy, through `load`
     nodes["layerskip"]["depth"] = 1
     for name, values in keys.items():

@@ -95,7 +95,13 @@ def session_plugins(session):
         budget = build_plugin(cfg.budget, "budget")
         floor = {"p_min": budget.p_min} if budget.p_min > 0 else {}
         drafter = build_plugin(
-            cfg.draft, "draft", target=session.target, load=lambda **_: draft_engine, sampler=sampler, **floor
+            cfg.draft,
+            "draft",
+            target=session.target,
+            load=lambda **_: draft_engine,
+            sampler=sampler,
+            history=session.history,  # draft=suffix: every row drafts from (and adds to) the session's history
+            **floor,
         )
         budget.prepare(session.target, drafter)  # budget=auto: the device's curves, cached since the session's
         comparator, bonus = comparator_and_bonus(cfg, sampler)

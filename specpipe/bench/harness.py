@@ -110,6 +110,12 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     prompts = load_suite(
         cfg.suite.name, cfg.suite.path, cfg.limit, cfg.suite.format, cfg.suite.per_category, cfg.suite.second_turns
     )
+    multi_request = any("session" in p for p in prompts)  # suite=sessions: history carried between requests
+    if multi_request and (cfg.repeats > 1 or cfg.fixed_ks):
+        raise SpecpipeError(
+            f"suite={cfg.suite.name} carries each session's history from request to request: a repeat or a fixed-K "
+            "run would draft from its own earlier answer; use repeats=1 fixed_ks=null (and alternate sittings)"
+        )
     done = out.done_pairs() if cfg.resume else set()
     pending = [p for p in prompts if (chash, prompt_key(p)) not in done]  # an edited prompt is measured again
     if len(pending) < len(prompts):
@@ -214,6 +220,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "fixed": fixed_runs or None,
         }
 
+    spec.history.clear()  # draft=suffix: the warm-up's requests are no one's history
     env = {"versions": versions(), "device": device()}
     from specpipe.engine.load.blas import blas_info, blas_phrase
 
@@ -221,6 +228,8 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     records = []
     started = time.perf_counter()
     for i, prompt in enumerate(pending):
+        if multi_request and (i == 0 or prompt.get("session") != pending[i - 1].get("session")):
+            spec.history.clear()  # a new session starts with no history, as a new chat or server would
         ids = encode(prompt)
         record = {
             "config_hash": chash,
@@ -231,6 +240,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "category": prompt.get("category"),  # Spec-Bench's task; the report groups by it
             "question": prompt.get("question"),  # Spec-Bench's question_id and category, for its answer files
             "turn": 2 if "after" in prompt else 1,
+            "session": prompt.get("session"),  # suite=sessions: the session this request belongs to
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
             **ab_figures(i, ids),
@@ -251,7 +261,9 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
                 run["speedup"] = _ratio(run["decode_tok_s"], a["plain"]["decode_tok_s"])
             record["anchor"] = a
         why = suspect(record)
-        if why:  # one noisy timing: measure the pair again (the other order first), flag it if it stays
+        if why and multi_request:  # measured again, it would draft from its own answer: flagged as it stands
+            record["noise"] = {"first": why, "flag": why}
+        elif why:  # one noisy timing: measure the pair again (the other order first), flag it if it stays
             log(f"[bench] {prompt['id']}: {why}; measuring it again")
             record.update(ab_figures(i + 1, ids))
             record["noise"] = {"first": why, "flag": suspect(record)}
@@ -259,6 +271,10 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             out.append(record)
         records.append(record)
         log(progress_line(i + 1, len(pending), record, time.perf_counter() - started))
+        if multi_request and (i + 1 == len(pending) or pending[i + 1].get("session") != prompt.get("session")):
+            from specpipe.bench.sessions import session_line
+
+            log(session_line([r for r in records if r["session"] == prompt.get("session")]))
     _write_answers(out, chash, {prompt_key(p) for p in prompts}, spec.target.decode, log)
     return records
 

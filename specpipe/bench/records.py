@@ -85,7 +85,10 @@ def load_suite(
                 continue
             try:
                 row = json.loads(line)
-                prompts.append({"id": str(row["id"]), "prompt": str(row["prompt"])})
+                prompt = {"id": str(row["id"]), "prompt": str(row["prompt"])}
+                if "session" in row:  # a multi-request suite (suite=sessions): requests of one session share history
+                    prompt["session"] = str(row["session"])
+                prompts.append(prompt)
             except (ValueError, KeyError, TypeError) as exc:
                 raise SpecpipeError(f'suite {source} line {n}: expected {{"id", "prompt"}} JSON ({exc})') from exc
     ids = [p["id"] for p in prompts]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from specpipe.trees.shape import TreeShape
     from specpipe.trees.tree import TokenTree
 
-SOURCES = ("ngram", "lookahead", "mtp", "layerskip", "model", "eagle3")  # the drafters a chain may ask
+SOURCES = ("ngram", "suffix", "lookahead", "mtp", "layerskip", "model", "eagle3")  # the drafters a chain may ask
 TREES_ONLY = ("lookahead",)  # its chain propose never drafts (its pool fills from tree steps)
 T1_FORGET = 0.9  # a target forward's measured seconds: each verify moves the estimate by a tenth
 
@@ -85,20 +85,23 @@ class ChainDrafter(DrafterBase):
         mtp: dict,
         lookahead: dict,
         eagle3: dict,
+        suffix: dict,
         probe_every: int = 16,
         sampler=None,
         p_min: float = 0.0,
+        history=None,
     ):
         """
         Args:
             target: the target Engine (each source gets it, as draft=<source> would).
             load: callable(name, path, precision) -> Engine, from the runner (draft models).
             sources: the drafters to ask, in order (SOURCES).
-            ngram, model, layerskip, mtp, lookahead, eagle3: each source's own config node
+            ngram, model, layerskip, mtp, lookahead, eagle3, suffix: each source's own config node
                 (conf/draft/<name>.yaml, overridden as draft.<name>.<key>=...); only the named are built.
             probe_every: a source priced out this many steps running drafts once anyway (its rates stay fresh).
             sampler: the run's Sampler (model sources draft from its q).
             p_min: budget=confidence's floor, for the sources that take one.
+            history: the session's shelf of suffix stores (drafters/suffix_store.py), for a suffix source.
         """
         message = check_sources(sources, tree=None)
         if message:
@@ -108,8 +111,8 @@ class ChainDrafter(DrafterBase):
         from specpipe.plugins import build_plugin
 
         nodes = {"ngram": ngram, "model": model, "layerskip": layerskip, "mtp": mtp}
-        nodes |= {"lookahead": lookahead, "eagle3": eagle3}
-        runtime = {"target": target, "load": load, "sampler": sampler, "p_min": p_min}
+        nodes |= {"lookahead": lookahead, "eagle3": eagle3, "suffix": suffix}
+        runtime = {"target": target, "load": load, "sampler": sampler, "p_min": p_min, "history": history}
         self.names = list(sources)
         self.sources: list[Drafter] = [
             build_plugin({**nodes[n], "_partial_": True}, "draft", **runtime) for n in sources
