@@ -61,8 +61,9 @@ def test_every_commands_help_recommends_overrides_that_compose(tool):
     overrides = text.split("Most used overrides", 1)[1].split("Presets", 1)[0].splitlines()[1:]
     assert len([o for o in overrides if o.strip()]) == 5
     for line in filter(str.strip, overrides):
-        first = line.split()[0].strip('"')
-        words = [first] + (["draft=model"] if first.startswith("draft.model=") else [])
+        spelling = re.split(r"\s{2,}", line.strip())[0].split("|")[0].split()  # the first alternative's words
+        first = spelling[0].strip('"')
+        words = [w.strip('"') for w in spelling] + (["draft=model"] if first.startswith("draft.model=") else [])
         message = validate_overrides(["model=tiny-random", *words], CONFIG_OF[tool], tool)
         assert message is None or "prompts.file" in first and "does not exist" in message, (first, message)
 

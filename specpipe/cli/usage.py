@@ -100,7 +100,10 @@ USAGES = {
     ),
     "specpipe-calibrate": Usage(
         "this device's verify cost T(n)/T(1), at short and long contexts, and the draft's cost",
-        ("specpipe-calibrate", "specpipe-calibrate model=qwen2.5-coder-1.5b draft=model"),
+        (
+            "specpipe-calibrate",
+            "specpipe-calibrate model=qwen2.5-coder-1.5b draft=model draft.model=qwen2.5-coder-0.5b",
+        ),
         (
             "model=qwen2.5-coder-1.5b | model.path=/x.gguf   the target timed",
             "draft=model draft.model=qwen2.5-coder-0.5b   also time a draft model",
