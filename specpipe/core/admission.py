@@ -96,7 +96,8 @@ class Admission:
             row.drafter.prefill(self.prompt_ids)
         if row.wants_hidden:
             row.drafter.observe_hidden(0, self.prompt_ids[:-1], joined_rows(self.hidden), joined_rows(self.taps))
-        draft_s = time.perf_counter() - s
+        # a deferred draft model prefills on its row's first drafting step, whose Drafted seconds count it
+        draft_s = time.perf_counter() - s if row.draft_ready or row.wants_hidden else 0.0
         t = clock()
         return PrefillDone(
             t=t, tokens=len(self.prompt_ids), seconds=t, target_seconds=self.seconds, draft_seconds=draft_s
