@@ -87,15 +87,14 @@ def test_format_and_path_are_checked(tmp_path):
         load_suite("", str(binary))
 
 
-def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch):
-    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
-    results = tmp_path / "bench.jsonl"
+def _spec_bench_cfg(questions, results, max_tokens: int):
+    """specpipe-bench over the questions file, one per category, plain beside the default drafter and K = 2."""
     with initialize_config_module(config_module="specpipe.conf", version_base=None):
-        cfg = compose(
+        return compose(
             config_name="bench",
             overrides=[
                 "model=tiny-random",
-                "max_tokens=8",
+                f"max_tokens={max_tokens}",
                 "warmup=false",
                 "anchor=false",
                 "suite.format=spec-bench",
@@ -106,6 +105,12 @@ def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch)
                 f"results={results}",
             ],
         )
+
+
+def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    results = tmp_path / "bench.jsonl"
+    cfg = _spec_bench_cfg(questions, results, max_tokens=8)
     records = run_bench(cfg, results, log=lambda _line: None)
     assert [r["category"] for r in records] == [
         "mt_bench",
@@ -135,22 +140,7 @@ def test_bench_writes_spec_bench_answer_files(tmp_path, questions, monkeypatch):
     MT-Bench's two turns in one line under its own subcategory; accept_lengths sum to the new tokens."""
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
     results = tmp_path / "bench.jsonl"
-    with initialize_config_module(config_module="specpipe.conf", version_base=None):
-        cfg = compose(
-            config_name="bench",
-            overrides=[
-                "model=tiny-random",
-                "max_tokens=6",
-                "warmup=false",
-                "anchor=false",
-                "suite.format=spec-bench",
-                f"suite.path={questions}",
-                "suite.per_category=1",
-                "limit=null",
-                "fixed_ks=[2]",
-                f"results={results}",
-            ],
-        )
+    cfg = _spec_bench_cfg(questions, results, max_tokens=6)
     records = run_bench(cfg, results, log=lambda _line: None)
     files = sorted((tmp_path / "spec_bench").glob("*.jsonl"))
     names = [f.name.rsplit("-", 1)[0] for f in files]

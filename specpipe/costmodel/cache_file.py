@@ -47,18 +47,18 @@ def read(path: Path, check: Callable[[dict], object] | None = None) -> dict | No
     return data
 
 
-def write(path: Path, data: dict) -> None:
+def write(path: Path, data: dict, *, indent: int | None = 2, kept: str = "it is measured again next run") -> None:
     """Write `data` as JSON to `path` through a temporary file in the same folder and a rename.
 
     A cache that cannot be written (read-only or full disk) is not an error: the figures are used
-    in memory and measured again next time, which the notice says.
+    in memory and measured again next time, which the notice says (`kept`: what the user keeps instead).
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2)
+                json.dump(data, f, indent=indent, separators=None if indent else (",", ":"))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -66,9 +66,7 @@ def write(path: Path, data: dict) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        print(
-            f"specpipe: could not save {path} ({exc.strerror or exc}); it is measured again next run", file=sys.stderr
-        )
+        print(f"specpipe: could not save {path} ({exc.strerror or exc}); {kept}", file=sys.stderr)
 
 
 def _unusable(path: Path, why: str) -> None:

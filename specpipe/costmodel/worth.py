@@ -95,15 +95,20 @@ def estimate_speedup(steps: StepLog, budget, target, drafter) -> Estimate:
     """What speculation was worth in a finished run, with its uncertainty: the one function the CLI and the chat
     call. The range is the steps' resampling range, widened by the priced curve's timing noise."""
     ratio, c = calibrated_costs(budget, target, drafter)
+    return priced_estimate(steps, ratio, c, curve_noise(target))
+
+
+def priced_estimate(steps: StepLog, ratio: dict[int, float] | None, c: float | None, noise: float = 0.0) -> Estimate:
+    """The estimate and its range from costs in hand (the chat has RunStarted's); `noise`, the curve's timing
+    noise as a share, widens the range where the curve priced it."""
     value, source = steps.estimate(ratio, c)
     if value <= 0:
         return Estimate()
     span = steps.interval(ratio, c)
     if span is None:
         return Estimate(value, source=source)
-    noise = curve_noise(target) if source == "calibration" else 0.0
-    low, high = min(span[0], value) / (1 + noise), max(span[1], value) * (1 + noise)
-    return Estimate(value, low, high, source)
+    widen = 1 + (noise if source == "calibration" else 0.0)
+    return Estimate(value, min(span[0], value) / widen, max(span[1], value) * widen, source)
 
 
 def phrase(value: float, low: float = 0.0, high: float = 0.0) -> str:

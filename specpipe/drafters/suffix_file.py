@@ -12,11 +12,9 @@ Layout: {"specpipe": "suffix-store", "version": 1, "model": "<name> <sha256>", "
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 
+from specpipe.costmodel import cache_file
 from specpipe.errors import SpecpipeError
 
 KIND, VERSION = "suffix-store", 1
@@ -60,21 +58,7 @@ def write_store_file(path: str | Path, model: str, sequences: list[list[int]]) -
     """Replace the store file whole (an unwritable folder prints one notice; the run goes on)."""
     path = Path(path).expanduser()
     data = {"specpipe": KIND, "version": VERSION, "model": model, "sequences": sequences}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, separators=(",", ":"))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        print(
-            f"specpipe: could not save draft.store_file={path} ({exc.strerror or exc}); history kept in memory",
-            file=sys.stderr,
-        )
+    cache_file.write(path, data, indent=None, kept=f"draft.store_file={path}: history kept in memory")
 
 
 def _is_ids(seq: object) -> bool:
