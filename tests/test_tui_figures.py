@@ -8,7 +8,7 @@ import msgspec
 from test_tui import SIZE, answers, wait_for
 from tui_script import scripted_events
 
-from specpipe.costmodel.worth import StepLog
+from specpipe.costmodel.worth import StepLog, phrase, priced_estimate
 from specpipe.events import Drafted, RunFinished, RunStarted, RunStats, Verified
 from tui.app import ChatApp
 from tui.figures import Figures, paid_note
@@ -39,11 +39,14 @@ def test_the_panel_estimate_is_the_cli_summarys():
     for event in rejected_run():
         figures.consume(event)
         steps.consume(event)
-    expected = steps.estimate(RATIO, 0.0)[0]  # what runner.run puts in summary.json and the summary line
-    assert 0 < expected < 1 and figures.estimate() == expected  # 6 tokens for 6 x 1.4 plain steps
+    expected = priced_estimate(steps, RATIO, 0.0)  # the summary line's figure and range, from the same costs
+    assert 0 < expected.value < 1 and figures.estimate() == expected  # 6 tokens for 6 x 1.4 plain steps
+    assert expected.low > 0 and expected.low <= expected.value <= expected.high  # 6 drafting steps: a range
     rows = dict(figures.rows())
-    assert rows["vs plain"] == f"~{expected:.1f}x (est.)"
-    assert paid_note(figures, "") == f"~{expected:.1f}x vs plain (estimated): speculation did not pay"
+    assert rows["vs plain"] == f"~{expected.value:.1f}x (est.)"  # the panel is narrow: the range is under the answer
+    words = phrase(expected.value, expected.low, expected.high)
+    assert paid_note(figures, "") == f"{words}: speculation did not pay"
+    assert words.startswith(f"~{expected.value:.1f}x (") and words.endswith(") vs plain (estimated)")
     assert rows["K"] == "4 of fixed(k=4)"  # the budget's K for the step, and the budget it came from
     assert rows["peak mem"] == "815 MiB RSS, 528 MLX"  # the CLI's resident figure first, each labelled
 

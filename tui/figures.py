@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from specpipe.costmodel.worth import StepLog
+from specpipe.costmodel.worth import Estimate, StepLog, phrase, priced_estimate
 from specpipe.events import Drafted, RunError, RunFinished, RunStarted, Verified
 from specpipe.metrics import StatsCollector
 
@@ -87,7 +87,7 @@ class Figures:
             *([("acceptance", rate)] if speculating else []),
             ("tok/forward", f"{s.tokens_per_forward:.2f}" if s.steps else "-"),
             ("tok/s", f"{s.decode_tok_s:.1f}" if s.decode_tok_s else "-"),
-            *([("vs plain", f"~{estimate:.1f}x (est.)" if estimate > 0 else "-")] if speculating else []),
+            *([("vs plain", _short(estimate) if estimate.value > 0 else "-")] if speculating else []),
             ("TTFT", f"{s.ttft_s:.2f} s" if s.ttft_s else "-"),
             ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
             *([("K", self._k_shown())] if speculating else []),
@@ -106,11 +106,12 @@ class Figures:
             *([("warning", "slower (see F2)")] if self.warnings else []),
         ]
 
-    def estimate(self) -> float:
-        """This answer's speed-up against plain decoding, as the CLI's summary estimates it; 0.0: none."""
+    def estimate(self) -> Estimate:
+        """This answer's speed-up against plain decoding and its range, as the CLI's summary estimates them
+        (from RunStarted's costs, so a replay shows the same); value 0.0: none."""
         if self.served:  # a served answer's steps are the server's; its events carry no step timings
-            return 0.0
-        return self._steps.estimate(*self._costs)[0]
+            return Estimate()
+        return priced_estimate(self._steps, *self._costs)
 
     def _k_shown(self) -> str:
         """The budget's K for the latest step and the budget it comes from: "4 of fixed(k=8)";
@@ -131,11 +132,16 @@ class Figures:
 def paid_note(figures: Figures, note: str) -> str:
     """The line under a finished answer with whether speculation paid: "~2.1x vs plain (estimated)", or
     "~0.7x vs plain (estimated): speculation did not pay"; `note` (a stop reason) kept in front."""
-    x = figures.estimate() if figures.drafter != "none" else 0.0
-    if x <= 0:
+    x = figures.estimate() if figures.drafter != "none" else Estimate()
+    if x.value <= 0:
         return note
-    line = f"~{x:.1f}x vs plain (estimated)" + (": speculation did not pay" if x < 1.0 else "")
+    line = phrase(x.value, x.low, x.high) + (": speculation did not pay" if x.value < 1.0 else "")
     return f"{note}  {line}" if note else line
+
+
+def _short(x: Estimate) -> str:
+    """The panel's narrow form, "~2.1x (est.)": its range is in the line under the answer (`paid_note`)."""
+    return f"~{x.value:.1f}x (est.)"
 
 
 def by_source(drafted: dict[str, int], accepted: dict[str, int]) -> str:
