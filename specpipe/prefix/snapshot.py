@@ -1,14 +1,15 @@
 """Copies of a cache (target or draft) as it stood after some positions, restored into a fresh cache exactly.
 
-Contract: `take(cache)` copies every leaf's held state into new arrays (MLX caches are written in place by
+Contract: `take(cache, length)` copies every leaf's held state into new arrays (MLX caches are written in place by
 slice assignment, so a snapshot that shared an array with a live cache would change under it) and returns a
 `Snapshot`, or raises `NotStorable` naming a leaf kind it cannot copy. `restore(snapshot, fresh, length)`
 writes copies of those arrays into `fresh` (a cache of the same model and KV policy) and returns it: the
 cache a run would have had after feeding the same ids, position for position. Never runs a model.
 
 What each leaf kind keeps (engine/kv.py, rollbacks/layers.py):
-- KVCache (kv=full) and QuantizedKVCache (kv=quantized): the held columns; these hold every position, so
-  a snapshot also restores any shorter length exactly (`Snapshot.trimmable`).
+- KVCache (kv=full) and QuantizedKVCache (kv=quantized): the first `length` columns (a cache holding more,
+  a draft model's, is cut); these hold every position, so a snapshot also restores any shorter length
+  exactly (`Snapshot.trimmable`).
 - WindowKVCache (sliding-window layers, kv=window) and ExactChunkedKVCache: the held buffer and where it
   starts; only the stored length is restored.
 - ArraysCache (recurrent / hybrid layers: SSM, gated-delta, conv states): the state after the stored
@@ -68,14 +69,16 @@ def take(cache: list, length: int) -> Snapshot:
             state: tuple = (keys, values, leaf.offset, start)
             arrays += [a for a in (keys, values) if a is not None]
             trimmable = False
-        elif kind is KVCache:
-            keys, values = _cut(leaf.keys, leaf.offset), _cut(leaf.values, leaf.offset)
-            state = (keys, values, leaf.offset)
+        elif kind is KVCache:  # holding more than `length` (a draft cache): its first `length` positions
+            _check_holds(leaf, length)
+            keys, values = _cut(leaf.keys, length), _cut(leaf.values, length)
+            state = (keys, values, length)
             arrays += [a for a in (keys, values) if a is not None]
         elif kind is QuantizedKVCache:
-            keys = None if leaf.keys is None else tuple(_cut(k, leaf.offset) for k in leaf.keys)
-            values = None if leaf.values is None else tuple(_cut(v, leaf.offset) for v in leaf.values)
-            state = (keys, values, leaf.offset, leaf.group_size, leaf.bits)
+            _check_holds(leaf, length)
+            keys = None if leaf.keys is None else tuple(_cut(k, length) for k in leaf.keys)
+            values = None if leaf.values is None else tuple(_cut(v, length) for v in leaf.values)
+            state = (keys, values, length, leaf.group_size, leaf.bits)
             arrays += [*(keys or ()), *(values or ())]
         elif isinstance(leaf, ArraysCache):
             if leaf.left_padding is not None or leaf.lengths is not None:
@@ -89,11 +92,16 @@ def take(cache: list, length: int) -> Snapshot:
                 f"{kind.__name__} layers cannot be stored exactly (prefix_cache keeps full, "
                 "quantized, window, chunked and recurrent layers)"
             )
-        if kind in (KVCache, QuantizedKVCache, WindowKVCache, ExactChunkedKVCache) and leaf.offset != length:
+        if kind in (WindowKVCache, ExactChunkedKVCache) and leaf.offset != length:
             raise NotStorable(f"a {kind.__name__} holds {leaf.offset} positions, not the {length} stored")
         leaves.append((kind, state))
     mx.eval(*arrays)
     return Snapshot(tuple(leaves), length, sum(a.nbytes for a in arrays), trimmable)
+
+
+def _check_holds(leaf, length: int) -> None:
+    if leaf.offset < length:
+        raise NotStorable(f"a {type(leaf).__name__} holds {leaf.offset} positions, not the {length} stored")
 
 
 def restore(snapshot: Snapshot, fresh: list, length: int | None = None) -> list:
