@@ -119,3 +119,59 @@ def test_a_tiny_byte_budget_evicts_without_changing_an_answer(arch):
     assert small.prefix_store.stats.evictions > 0 and small.prefix_store.stats.bytes_held <= budget
     if arch == "llama":  # a full-KV entry serves a prompt that shares only its start (cut to it)
         assert small.prefix_store.stats.hits > 0
+
+
+def test_the_summary_line_the_run_folder_and_the_chat_panel_say_what_the_store_held(tmp_path):
+    """The CLI's summary line, summary.json's stats and the chat's panel carry RunStats.cached_tokens."""
+    import msgspec
+
+    from specpipe.cli.generate import summary_line
+    from tui.figures import Figures
+
+    stored = _session("llama", "ngram", False)
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    events = list(stored.generate(_turn_2(stored, first), 16))
+    final = events[-1]
+    assert isinstance(final, RunFinished) and final.stats.cached_tokens > 0
+    s = final.stats
+
+    class Result:
+        stats, stop_reason, output_dir = s, final.stop_reason, "out"
+
+    assert f"({s.prompt_tokens} tokens, {s.cached_tokens} from the prefix store" in summary_line(Result())
+    assert msgspec.json.decode(msgspec.json.encode(s))["cached_tokens"] == s.cached_tokens
+    figures = Figures()
+    for event in events:
+        figures.consume(event)
+    assert dict(figures.rows())["cached"] == f"{s.cached_tokens} of {s.prompt_tokens} prompt"
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("prefix_cache.bytes=-1", "prefix_cache.bytes=-1 is out of range"),
+        ("prefix_cache.bytes=lots", "prefix_cache.bytes"),
+        ("prefix_cache.enabled=maybe", "prefix_cache.enabled"),
+        ("prefix_cache.size=3", "unknown config key 'prefix_cache.size'"),
+    ],
+)
+def test_bad_prefix_cache_values_give_one_line(override, words):
+    from specpipe.cli.argv import validate_overrides
+    from specpipe.preflight import check_config
+
+    message = validate_overrides([override])
+    if message is None:  # well-typed: the range check before anything loads says it
+        with initialize(version_base=None, config_path="../specpipe/conf"):
+            message = check_config(compose(config_name="config", overrides=[override]))
+    assert message is not None and words in message and "\n" not in message
+
+
+def test_the_store_is_on_for_the_chat_and_server_and_off_where_repeats_are_timed():
+    """A bench repeat or a tune measurement must not time a cache the previous repeat left."""
+    import specpipe.serve.config  # noqa: F401  (the schemas their configs extend)
+    import specpipe.tune.config  # noqa: F401
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        enabled = {
+            name: compose(config_name=name).prefix_cache.enabled for name in ("config", "serve", "bench", "tune")
+        }
+    assert enabled == {"config": True, "serve": True, "bench": False, "tune": False}
