@@ -12,6 +12,7 @@ there, and the server's batch hands it to its BatchDecoder.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Generator
 
 from omegaconf import DictConfig, OmegaConf
@@ -75,6 +76,8 @@ class Session:
         engine = self.drafter.engine
         self.draft_info = engine.info if engine is not None and engine is not self.target else None
         self.prefix_store = prefix_store_for(cfg, self.target)
+        if self.prefix_store is not None and self.drafter.prefix_notice:
+            print(f"specpipe: prefix_cache: {self.drafter.prefix_notice}", file=sys.stderr)
 
     def encode(self, text: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Prompt ids from the config's prompt, a text, or chat messages."""

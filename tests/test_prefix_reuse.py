@@ -73,13 +73,23 @@ def test_a_second_turn_from_the_store_equals_a_fresh_run_over_the_whole_context(
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
-def test_the_draft_model_resumes_from_its_own_snapshot(arch):
-    """The draft model keeps its cache with the target's: a second turn prefills neither beyond the new text."""
+def test_the_draft_model_resumes_from_its_own_snapshot(arch, monkeypatch):
+    """The draft model keeps its cache with the target's: on the second turn it prefills only what its snapshot
+    lacks, not the whole prompt."""
     stored = _session(arch, "model", False)
     first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
     prompt = _turn_2(stored, first)
     hit = stored.prefix_store.lookup(prompt)
     assert hit is not None and hit.drafter_state is not None and 0 < hit.drafter_state.length <= hit.tokens
+    engine = stored.drafter.engine
+    fed: list[int] = []
+    prefill = engine.prefill
+    monkeypatch.setattr(
+        engine, "prefill", lambda ids, cache, *a, **k: fed.append(len(ids)) or prefill(ids, cache, *a, **k)
+    )
+    _run(stored, prompt)
+    # (its prefill waits for the first token, so it reads the prompt and that token: len(prompt) + 1 ids)
+    assert fed and sum(fed) == len(prompt) - hit.drafter_state.length
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -170,8 +180,81 @@ def test_the_store_is_on_for_the_chat_and_server_and_off_where_repeats_are_timed
     """A bench repeat or a tune measurement must not time a cache the previous repeat left."""
     import specpipe.serve.config  # noqa: F401  (the schemas their configs extend)
     import specpipe.tune.config  # noqa: F401
+
     with initialize(version_base=None, config_path="../specpipe/conf"):
         enabled = {
             name: compose(config_name=name).prefix_cache.enabled for name in ("config", "serve", "bench", "tune")
         }
     assert enabled == {"config": True, "serve": True, "bench": False, "tune": False}
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory) -> dict:
+    """Random heads (exactness needs no training), as tests/test_batch_drafters.py builds them: an EAGLE-3 head
+    and a DFlash drafter for the tiny targets' 2 layers, an MTP head per target."""
+    from dflash_tiny import write_drafter
+    from eagle3_tiny import head_config, random_weights, write
+
+    from specpipe.drafters.mtp_head import new_head, save_head
+
+    root = tmp_path_factory.mktemp("heads")
+    cfg = head_config()
+    out = {"eagle3": str(write(root / "eagle3", "eagle", cfg, random_weights(cfg, seed=1)))}
+    out["dflash"] = str(write_drafter(root / "dflash", 2, seed=1, target_layer_ids=[0, 1]))
+    for arch in ("llama", "qwen3_next"):
+        target = _session(arch, "none", False).target
+        module, _ = new_head(target.hidden_parts()[0])
+        save_head(module, root / arch, {"target": {"name": target.info.name, "sha256": target.info.sha256}})
+        out[arch] = str(root / arch)
+    return out
+
+
+@pytest.mark.parametrize("draft", ["mtp", "eagle3", "dflash"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
+def test_drafters_reading_the_targets_hidden_states_resume_with_the_kept_rows(arch, draft, heads):
+    """MTP, EAGLE-3 and DFlash read rows the target's forwards recorded: the store keeps the rows of the stored
+    positions with the snapshot, so a second turn drafts from the same rows a fresh run records."""
+    overrides = {
+        "mtp": ["draft=mtp", f"draft.head={heads[arch]}"],
+        "eagle3": ["draft=eagle3", f"draft.path={heads['eagle3']}", "draft.layers=[0,1,2]"],
+        "dflash": ["draft=dflash", f"draft.path={heads['dflash']}"],
+    }[draft]
+    DRAFTS[draft] = overrides
+    try:
+        stored, fresh = _session(arch, draft, False), _session(arch, draft, False, "prefix_cache.enabled=false")
+    finally:
+        del DRAFTS[draft]
+    assert not stored.drafter.resumes_without_state
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    prompt = _turn_2(stored, first)
+    again, alone = _run(stored, prompt), _run(fresh, prompt)
+    assert again.token_ids == alone.token_ids
+    assert again.stats.cached_tokens >= len(TURN_1) - 1
+    assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+    # the rows came with the snapshot: the drafter never ran a target forward of its own to get them
+    assert stored.drafter.target_recomputes == 0
+
+
+def test_a_chain_of_sources_resumes_each_and_a_cross_tokenizer_draft_says_it_prefills_itself(capsys):
+    """draft=chain hands each source its own kept state (the draft model's snapshot, the n-gram re-reading the
+    ids); a draft with another tokenizer cannot be keyed by the target's ids: one notice line at the session's
+    start, and its answers stay those of a fresh run (the target still reuses)."""
+    chain = ["draft=chain", "draft.sources=[ngram,model]", "draft.model.model=tiny-random"]
+    cross = ["+model.tiny.vocab_size=512", "draft=model", "draft.model=tiny-random", "draft.vocab_map=intersection"]
+    for overrides, notice in ((chain, False), (cross, True)):
+        DRAFTS["case"] = overrides
+        try:
+            capsys.readouterr()
+            stored = _session("llama", "case", False)
+            assert ("prefix_cache: draft.vocab_map=intersection" in capsys.readouterr().err) == notice
+            fresh = _session("llama", "case", False, "prefix_cache.enabled=false")
+        finally:
+            del DRAFTS["case"]
+        first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+        prompt = _turn_2(stored, first)
+        hit = stored.prefix_store.lookup(prompt)
+        assert hit is not None and (hit.drafter_state is None) == notice
+        again, alone = _run(stored, prompt), _run(fresh, prompt)
+        assert again.token_ids == alone.token_ids and again.stats.cached_tokens > 0
+        if notice:  # (a chain picks its source by measured seconds: its acceptance is not a fixed figure)
+            assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
