@@ -258,3 +258,24 @@ def test_a_chain_of_sources_resumes_each_and_a_cross_tokenizer_draft_says_it_pre
         assert again.token_ids == alone.token_ids and again.stats.cached_tokens > 0
         if notice:  # (a chain picks its source by measured seconds: its acceptance is not a fixed figure)
             assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_gemma4_assistant_resumes_over_the_restored_targets_kv(tmp_path, sampled):
+    """A Gemma-4 assistant attends to the target's own K/V (here the restored cache's, sliding-window layers
+    included) and reads its kept hidden rows: the second turn equals a fresh run, with the same acceptance."""
+    from gemma4_tiny import config, random_weights, write
+
+    cfg = config()
+    folder = write(tmp_path / "assistant", cfg, random_weights(cfg, 1))
+    DRAFTS["gemma4_assistant"] = ["draft=gemma4_assistant", f"draft.path={folder}"]
+    try:
+        stored = _session("gemma4_text", "gemma4_assistant", sampled)
+        fresh = _session("gemma4_text", "gemma4_assistant", sampled, "prefix_cache.enabled=false")
+    finally:
+        del DRAFTS["gemma4_assistant"]
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    prompt = _turn_2(stored, first)
+    again, alone = _run(stored, prompt), _run(fresh, prompt)
+    assert again.token_ids == alone.token_ids and again.stats.cached_tokens >= len(TURN_1) - 1
+    assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
