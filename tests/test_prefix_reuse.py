@@ -279,3 +279,71 @@ def test_a_gemma4_assistant_resumes_over_the_restored_targets_kv(tmp_path, sampl
     again, alone = _run(stored, prompt), _run(fresh, prompt)
     assert again.token_ids == alone.token_ids and again.stats.cached_tokens >= len(TURN_1) - 1
     assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+
+
+@pytest.mark.parametrize(
+    "arch, extra",
+    [
+        ("llama", ["rollback=recompute"]),
+        ("llama", ["tree=dynamic"]),
+        ("qwen3_next", ["rollback=recompute"]),
+        ("mamba2", ["rollback=checkpoint"]),
+    ],
+    ids=["llama-recompute", "llama-tree", "qwen3_next-recompute", "mamba2-checkpoint"],
+)
+def test_every_rollback_and_a_tree_leave_a_cache_the_next_turn_reuses_exactly(arch, extra):
+    """The cache kept at the answer's end is whatever the run's rollback (or a tree's kept path) left: the draft
+    model's and the target's, with recompute, checkpoint and trees as each target allows."""
+    stored = _session(arch, "model", False, *extra)
+    fresh = _session(arch, "model", False, "prefix_cache.enabled=false", *extra)
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    prompt = _turn_2(stored, first)
+    again, alone = _run(stored, prompt), _run(fresh, prompt)
+    assert again.token_ids == alone.token_ids and again.stats.cached_tokens >= len(TURN_1) - 1
+    assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
+def test_a_sampled_batched_row_from_a_stored_prefix_gets_its_seeds_answer(arch):
+    stored = _session(arch, "ngram", True)
+    fresh = _session(arch, "ngram", True, "prefix_cache.enabled=false")
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    prompt = _turn_2(stored, first)
+    decoder = BatchDecoder(stored.target, session_plugins(stored), prefix_store=stored.prefix_store)
+    row = decoder.add(prompt, 16, 11)
+    decoder.add(stored.target.encode_prompt("Quick zephyrs blow", chat=False), 9, 3)
+    while decoder.rows:
+        decoder.step()
+    fresh.sampler.seed = 11
+    assert row.result().stats.cached_tokens > 0 and row.output == _run(fresh, prompt).token_ids
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_layer_skip_resumes_from_its_own_snapshot(arch):
+    DRAFTS["layerskip"] = ["draft=layerskip", "draft.depth=1"]
+    try:
+        stored, fresh = (
+            _session(arch, "layerskip", False),
+            _session(arch, "layerskip", False, "prefix_cache.enabled=false"),
+        )
+    finally:
+        del DRAFTS["layerskip"]
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    prompt = _turn_2(stored, first)
+    assert stored.prefix_store.lookup(prompt).drafter_state is not None
+    again, alone = _run(stored, prompt), _run(fresh, prompt)
+    assert again.token_ids == alone.token_ids and again.stats.cached_tokens >= len(TURN_1) - 1
+    assert (again.stats.drafted, again.stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+
+
+def test_the_copy_cost_script_runs_as_documented():
+    """scripts/prefix_copy_cost.py (docs/prefix_cache.md's figures), cut short on a tiny model."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "prefix_copy_cost.py"
+    args = ["--tokens", "64", "--reps", "1", "--model", "tiny-random"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["prefill", "keep", "lookup", "join"]
