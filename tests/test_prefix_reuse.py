@@ -347,3 +347,17 @@ def test_the_copy_cost_script_runs_as_documented():
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ["prefill", "keep", "lookup", "join"]
+
+
+def test_the_budget_prices_the_real_cache_length_after_a_reuse(monkeypatch):
+    """Budget.plan's cache_len (what budget=auto prices a verify by) counts the positions taken from the store."""
+    stored = _session("llama", "ngram", False)
+    first = _run(stored, stored.target.encode_prompt(TURN_1, chat=False))
+    prompt = _turn_2(stored, first)
+    seen: list[int] = []
+    plan = stored.budget.plan
+    monkeypatch.setattr(
+        stored.budget, "plan", lambda cache_len, *a, **k: seen.append(cache_len) or plan(cache_len, *a, **k)
+    )
+    again = _run(stored, prompt)
+    assert again.stats.cached_tokens > 0 and seen[0] == len(prompt) - 1
