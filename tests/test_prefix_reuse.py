@@ -361,3 +361,19 @@ def test_the_budget_prices_the_real_cache_length_after_a_reuse(monkeypatch):
     )
     again = _run(stored, prompt)
     assert again.stats.cached_tokens > 0 and seen[0] == len(prompt) - 1
+
+
+def test_the_one_shot_command_keeps_no_store(tmp_path, monkeypatch):
+    """`specpipe "prompt"` runs one generation: a store could only add its copies to the run's memory."""
+    from specpipe.prefix.store import PrefixStore
+    from specpipe.runner import run
+
+    def no_copies(*_args, **_kwargs):
+        raise AssertionError("the one-shot run kept a snapshot")
+
+    monkeypatch.setattr(PrefixStore, "keep", no_copies)
+
+    with initialize(version_base=None, config_path="../specpipe/conf"):
+        cfg = compose(config_name="config", overrides=["model=tiny-random", "draft=none", "max_tokens=3"])
+    result = run(cfg, out_dir=str(tmp_path / "run"))
+    assert result.stats.cached_tokens == 0 and result.stats.generated_tokens == 3
