@@ -31,6 +31,11 @@ it, so the first token comes as fast as plain decoding's (with the 1.5B and its
 0.5B draft the prefill had added 40-60% to it); the draft then sees the whole
 context, so acceptance is what it was. `draft.model=self` (the self-test whose
 every step accepts K) prefills before the first step as before.
+
+`draft.context=W` (null: the whole prompt) prefills only the first `draft.sinks` tokens and the last W
+(drafters/draft_window.py): on a long prompt with a short answer the draft's prefill of the whole prompt cost
+more than drafting saved. `cached_len` still counts the whole context, so rollback is unchanged; the cache
+is cut back to sinks + W once drafting grows it to sinks + 2W.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import ChainStop, chain, to_draft
 from specpipe.drafters.cross_vocab import CrossVocab, choose_map
 from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
+from specpipe.drafters.draft_window import DraftWindow
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
@@ -89,6 +95,8 @@ class ModelDrafter(DrafterBase):
         lookup_min_n: int = 0,
         vocab: int | None = None,
         vocab_map: str = "auto",
+        context: int | None = None,
+        sinks: int = 4,
     ):
         """
         Args:
@@ -105,12 +113,15 @@ class ModelDrafter(DrafterBase):
                 draft's head can be cut, else the whole vocabulary.
             vocab_map: how a draft with another tokenizer drafts for the target (drafters/cross_vocab.py):
                 auto | intersection | text; unused when the tokenizers are the same.
+            context: the recent prompt tokens the draft prefills and keeps (drafters/draft_window.py); None: all.
+            sinks: with `context`, the first tokens kept as well (attention sinks).
         """
         if not 0 <= lookup_min_n <= MAX_N:
             raise SpecpipeError(
                 f"draft.lookup_min_n={lookup_min_n} is out of range: 0 (no lookup) or 1..{MAX_N} (3 suits code edits)"
             )
         # longest match first, at least 4 tokens long when the floor allows: the n-gram drafter's default
+        self.window = DraftWindow(context, sinks) if context is not None else None
         self._lookup = NgramDrafter(min_n=lookup_min_n, max_n=max(4, lookup_min_n)) if lookup_min_n else None
         self.evidence_is_free = self._lookup is not None
         self.sampler = sampler
@@ -228,15 +239,19 @@ class ModelDrafter(DrafterBase):
 
     def prefill(self, prompt_ids: list[int]) -> None:
         own = self._cross.prefill(prompt_ids) if self._cross is not None else prompt_ids  # in the draft's tokens
-        self.cache = self.engine.make_cache()  # each generation starts clean
-        self.engine.prefill(own[:-1], self.cache)
-        self.cached_len = len(own) - 1
-        self._fed = None
+        self._prefill_own(own[:-1])
         if self._vocab is not None:
             self._vocab.reset(prompt_ids)
             self._vocab_seen = len(prompt_ids)
         if self._lookup is not None:
             self._lookup.prefill(prompt_ids)
+
+    def _prefill_own(self, ids: list[int]) -> None:
+        """A fresh draft cache standing for the context `ids` (its own tokens): all of them, or the window's."""
+        self.cache = self.engine.make_cache()  # each generation starts clean
+        self.engine.prefill(self.window.prefill_ids(ids) if self.window is not None else ids, self.cache)
+        self.cached_len = len(ids)
+        self._fed = None
 
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         k = plan.k
@@ -284,7 +299,10 @@ class ModelDrafter(DrafterBase):
         return draft
 
     def take_in(self, context_ids: list[int]) -> None:
-        """Let the draft propose what the target has emitted since the last draft (draft.vocab)."""
+        """Before a draft: cut a grown window back (draft.context) and let the draft propose what the target
+        has emitted since the last draft (draft.vocab)."""
+        if self.window is not None and self.window.due(self.cached_len):
+            self._prefill_own(context_ids[: self.cached_len])
         if self._vocab is not None:
             self._vocab.add(context_ids[self._vocab_seen :])
             self._vocab_seen = len(context_ids)
