@@ -44,7 +44,7 @@ import weakref
 
 import mlx.core as mx
 
-from specpipe.core.plan import StepPlan
+from specpipe.core.plan import DraftPrefill, StepPlan
 from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
@@ -122,6 +122,9 @@ class ModelDrafter(DrafterBase):
             )
         # longest match first, at least 4 tokens long when the floor allows: the n-gram drafter's default
         self.window = DraftWindow(context, sinks) if context is not None else None
+        self.prefill_window = context  # budget=auto then chooses between this window and no prefill
+        self._configured_window = self.window
+        self._read_nothing = False  # budget=auto chose no prefill for this request: the lookup alone drafts
         self._lookup = NgramDrafter(min_n=lookup_min_n, max_n=max(4, lookup_min_n)) if lookup_min_n else None
         self.evidence_is_free = self._lookup is not None
         self.sampler = sampler
@@ -153,6 +156,7 @@ class ModelDrafter(DrafterBase):
         # its prefill runs a model: the first token must not wait for it. Not draft.model=self, the self-test
         # whose every step accepts K (a plain first step would break that invariant)
         self.prefill_after_first_token = self.engine is not target
+        self.plans_prefill = self.prefill_after_first_token
         self._vocab_seen = 0  # context ids whose rows the draft vocabulary has taken in
         self.cache = self.engine.make_cache()
         self.cached_len = 0
@@ -238,6 +242,10 @@ class ModelDrafter(DrafterBase):
         return drop
 
     def prefill(self, prompt_ids: list[int]) -> None:
+        self.window, self._read_nothing = self._configured_window, False
+        self._prefill_request(prompt_ids)
+
+    def _prefill_request(self, prompt_ids: list[int]) -> None:
         own = self._cross.prefill(prompt_ids) if self._cross is not None else prompt_ids  # in the draft's tokens
         self._prefill_own(own[:-1])
         if self._vocab is not None:
@@ -246,9 +254,22 @@ class ModelDrafter(DrafterBase):
         if self._lookup is not None:
             self._lookup.prefill(prompt_ids)
 
+    def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
+        """The deferred prefill as budget=auto chose it: the whole prompt, sinks + a window, or nothing (the
+        lookup alone drafts; the model is asked for nothing this request); None: as configured."""
+        self.window = self._configured_window
+        if prefill is not None and prefill.kind == "window":
+            self.window = DraftWindow(prefill.window, prefill.sinks)
+        elif prefill is not None and prefill.kind == "full":
+            self.window = None
+        self._read_nothing = prefill is not None and prefill.kind == "none"
+        self._prefill_request(prompt_ids)
+
     def _prefill_own(self, ids: list[int]) -> None:
         """A fresh draft cache standing for the context `ids` (its own tokens): all of them, or the window's."""
         self.cache = self.engine.make_cache()  # each generation starts clean
+        if self._read_nothing:  # the model drafts nothing this request: a later prefill_planned starts it anew
+            ids = []
         self.engine.prefill(self.window.prefill_ids(ids) if self.window is not None else ids, self.cache)
         self.cached_len = len(ids)
         self._fed = None
