@@ -3,7 +3,8 @@
 Unit: for a given price table the choice is full, window or none. Short answers: a probe the expected
 remaining tokens cannot repay is not bought; a long answer still probes. End to end on a tiny pair: the
 choice is made on the request's first plan, logged on its decision and in the run's stats, carried to the
-draft's prefill, and the output stays the target's own.
+draft's prefill, and the output stays the target's own. The summary's end-to-end estimate prices the
+prefill a decode estimate leaves out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import DraftPrefill
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
+from specpipe.costmodel.worth import Estimate, end_to_end
 from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.events import Drafted, RunFinished
@@ -116,3 +118,11 @@ def test_auto_chooses_logs_and_stays_lossless_on_a_long_prompt_with_a_short_answ
     assert final.stats.draft_prefill == choice.label()
     if choice.kind == "none":  # a same-size draft saves nothing: the draft model read nothing at all
         assert drafter.cached_len == 0 and final.stats.drafted == 0
+
+
+def test_the_end_to_end_estimate_counts_the_prefill_decoding_left_out():
+    # 2 s target prefill + 3 s draft prefill + 5 s decoding at ~1.6x (1.4-1.8): plain 2 + 8 = 10 s of 10 s
+    whole = end_to_end(Estimate(1.6, 1.4, 1.8, "calibration"), wall_s=10.0, target_prefill_s=2.0, draft_prefill_s=3.0)
+    assert whole.value == pytest.approx(1.0) and whole.low == pytest.approx(0.9) and whole.high == pytest.approx(1.1)
+    assert end_to_end(Estimate(1.6), 10.0, 2.0, 0.0).value == pytest.approx((2 + 8 * 1.6) / 10)
+    assert end_to_end(Estimate(), 10.0, 2.0, 3.0) == Estimate()  # no decode estimate, no end-to-end one
