@@ -15,6 +15,7 @@ from conftest import first_difference, noisy_copy, prepared, tiny
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.budgets.prefill_price import PrefillPrices, choose_prefill
+from specpipe.cli.generate import summary_line
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import DraftPrefill
 from specpipe.core.stages.bonus import GreedyBonus
@@ -116,6 +117,11 @@ def test_auto_chooses_logs_and_stays_lossless_on_a_long_prompt_with_a_short_answ
     choice = budget.prefill_choice
     assert choice is not None and logged[0] == choice.label()
     assert final.stats.draft_prefill == choice.label()
+
+    class Result:  # what the CLI's summary line reads of a run
+        stats, stop_reason, output_dir = final.stats, final.stop_reason, "out"
+
+    assert f"| {choice.label()} |" in summary_line(Result())
     if choice.kind == "none":  # a same-size draft saves nothing: the draft model read nothing at all
         assert drafter.cached_len == 0 and final.stats.drafted == 0
 
