@@ -92,6 +92,9 @@ class ModelDraftConfig(PluginConfig):
     lookup_min_n: int = MISSING  # prompt lookup first where this many context tokens match (0: model only)
     vocab: int | None = MISSING  # draft head rows: the `vocab` most used ids + the context's; 0: all; null: 32768
     vocab_map: str = MISSING  # another tokenizer: auto | intersection | text (drafters/cross_vocab.py)
+    # the recent prompt tokens the draft prefills and keeps (drafters/draft_window.py); null: the whole prompt
+    context: int | None = ranged(1, None, "recent tokens the draft reads, e.g. draft.context=256; null: all")
+    sinks: int = ranged(0, None, "first tokens the draft keeps beside draft.context's window, e.g. 4")
 
 
 @dataclass

@@ -87,7 +87,9 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     reason: "cost model" (K maximised the predicted speed-up), "probe" (a short
     draft bought on thin evidence or on the probe schedule; `predicted` is then
     the cost model's figure for that K), "plain" (no K beats plain decoding),
-    "override" (RunControl set K), "cap" (a free drafter that classifies its
+    "override" (RunControl set K), "short answer" (a probe the answer's expected
+    remaining tokens could not repay), "no draft prefill" (this request's draft
+    model reads nothing: free drafts only), "cap" (a free drafter that classifies its
     drafts may propose up to K; found nothing to propose), "first token" (a
     plain first step, its token as soon as plain decoding's: budget=auto's
     every run, and a draft model's, which prefills after it: DraftPrefilled).
@@ -112,6 +114,9 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     # at long contexts), "modelled" (none cached yet: the short curve and a context-length model, no timing
     # on the request's path), "" (a cache shorter than 512 positions: the short-context calibration itself)
     context_curve: str = ""
+    # the request's first plan only: how the draft model prepares (budgets/prefill_price.py), with each
+    # option's predicted net saving: "draft prefill window 256 (net +3.1 steps; none +0.0, full -40.2) ..."
+    prefill: str = ""
 
 
 class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
@@ -245,6 +250,9 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     # draft=chain: per source that drafted (Drafted.source), its verified drafted tokens and the accepted ones
     drafted_by_source: dict[str, int] = {}
     accepted_by_source: dict[str, int] = {}
+    # budget=auto's choice of the draft model's prefill for this request, with its predicted figures
+    # (BudgetDecision.prefill); "" where nothing was chosen
+    draft_prefill: str = ""
 
 
 class RunFinished(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -49,6 +49,7 @@ class StatsCollector:
         self.hindsight_matched = 0
         self.forwards_by = dict.fromkeys(("drafting", "probe", "catchup", "hindsight", "wasted"), 0)
         self.probe_steps = 0
+        self.draft_prefill = ""  # budget=auto's choice of the draft's prefill (BudgetDecision.prefill)
         self.tree_steps = self.tree_nodes = self.tree_path = 0
         self.position_drafted: list[int] = []  # per draft position i: steps that drafted more than i tokens
         self.position_accepted: list[int] = []  # ... and steps whose accepted prefix reached past i
@@ -91,6 +92,8 @@ class StatsCollector:
             self.forwards_by["hindsight"] += event.hindsight_forwards
             self.forwards_by["wasted"] += event.wasted_forwards
             self.probe_steps += event.probe
+            if event.decision is not None and event.decision.prefill:
+                self.draft_prefill = event.decision.prefill
             if event.source and event.draft_ids:
                 self._step_source[event.step] = event.source
         elif isinstance(event, Verified):
@@ -171,6 +174,7 @@ class StatsCollector:
             tree_path_length=self.tree_path / self.tree_steps if self.tree_steps else 0.0,
             drafted_by_source={s: c[0] for s, c in self.by_source.items()},
             accepted_by_source={s: c[1] for s, c in self.by_source.items()},
+            draft_prefill=self.draft_prefill,
         )
 
 

@@ -19,7 +19,7 @@ import msgspec
 from omegaconf import DictConfig, OmegaConf
 
 from specpipe import signals
-from specpipe.costmodel.worth import StepLog, estimate_speedup
+from specpipe.costmodel.worth import StepLog, end_to_end, estimate_speedup
 from specpipe.engine.device import device
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
@@ -54,6 +54,11 @@ class RunResult(msgspec.Struct, kw_only=True):
     # its 90% range (worth.estimate_speedup: the run's steps resampled, the curve's noise); 0.0s: no range
     speedup_low: float = 0.0
     speedup_high: float = 0.0
+    # the same for the whole request (worth.end_to_end: prefill of the target and of any draft model included):
+    # what a user waits for, beside the decode figure above; 0.0 = none
+    speedup_e2e_estimate: float = 0.0
+    speedup_e2e_low: float = 0.0
+    speedup_e2e_high: float = 0.0
 
 
 def run(
@@ -146,6 +151,10 @@ def run(
     worth = estimate_speedup(steps, session.budget, session.target, session.drafter)
     result.speedup_estimate, result.speedup_source = worth.value, worth.source
     result.speedup_low, result.speedup_high = worth.low, worth.high
+    st = finished.stats
+    target_prefill_s = st.prompt_tokens / st.prefill_tok_s if st.prefill_tok_s else 0.0
+    whole = end_to_end(worth, st.wall_s, target_prefill_s, st.draft_prefill_s)
+    result.speedup_e2e_estimate, result.speedup_e2e_low, result.speedup_e2e_high = whole.value, whole.low, whole.high
     if writer.failed is not None:
         result.error = f"cannot write to {out} ({writer.failed.strerror}) after {len(result.tokens)} tokens"
     kept = []

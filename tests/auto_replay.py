@@ -18,6 +18,7 @@ import msgspec
 
 from specpipe.batch.pricing import BEYOND
 from specpipe.budgets.auto import AutoBudget
+from specpipe.budgets.policy import AutoPolicy
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.calibration import interpolate
 
@@ -65,6 +66,8 @@ class FakeDrafter:
         self.supports_hindsight = s.kind in ("ngram", "lookup", "mtp")
         self.evidence_is_free = s.kind == "lookup"
         self.cost_per_token = s.c
+        self.plans_prefill = False  # a replayed request prices no draft prefill (nothing prefills here)
+        self.prefill_window = None
 
 
 def _batch_price(rng: random.Random) -> dict[int, float]:
@@ -121,8 +124,18 @@ def _record(kind: str, plan) -> dict:
         "probe": plan.probe,
         "fit": plan.fit,
         "stop": None if stop is None else [round(stop.floor, 9), round(stop.keep, 9), [round(h, 9) for h in stop.hold]],
-        "decision": msgspec.to_builtins(plan.decision) if plan.decision is not None else None,
+        "decision": _decision(plan.decision),
     }
+
+
+def _decision(decision) -> dict | None:
+    """The decision as recorded; the draft-prefill label (issue 57, newer than the recording) only when set."""
+    if decision is None:
+        return None
+    fields = msgspec.to_builtins(decision)
+    if not fields.get("prefill"):
+        fields.pop("prefill", None)
+    return fields
 
 
 def replay(s: Scenario, monkeypatch) -> list[dict]:
@@ -133,6 +146,10 @@ def replay(s: Scenario, monkeypatch) -> list[dict]:
     monkeypatch.setattr(calibration, "verify_cost_curve", lambda target, quick=True: {"ratio": dict(CURVE)})
     monkeypatch.setattr(calibration, "draft_cost", lambda drafter, target, quick=True: float(drafter.cost_per_token))
     monkeypatch.setattr(context_curve, "cached_curves", lambda engine: LONG)
+    # the recording predates the short-answer rule (a probe must be repayable within the answer's expected
+    # remaining tokens, issue 57): every other decision must still be the one class's; that rule has its own
+    # tests (tests/test_prefill_price.py)
+    monkeypatch.setattr(AutoPolicy, "_repays", lambda self, k: True)
     target = SimpleNamespace(model=None, info=SimpleNamespace(name=f"target-{s.name}", precision="float32"))
     rng = random.Random(s.seed)
     out: list[dict] = []

@@ -26,7 +26,7 @@ from specpipe.bench.records import (
     suite_names,
 )
 from specpipe.bench.report import main as report_main
-from specpipe.bench.report import verdicts, write_report
+from specpipe.bench.report import summarize, verdicts, write_report
 from specpipe.events import Verified
 from specpipe.metrics import StatsCollector
 
@@ -207,11 +207,21 @@ def test_fixed_ks_beside_auto_and_the_verdict(tmp_path, suite_file, monkeypatch)
             assert run["first_mismatch"] is None and run["speedup"] > 0
             assert run["draft_forwards"] <= run["drafted"] + run["steps"]  # per run, not the drafter's lifetime
         assert r["fixed"]["4"]["drafted"] > 0 and r["fixed"]["4"]["acceptance_rate"] == 1.0
+        for run in (r["fixed"]["4"], *r["anchor"]["sweep"].values()):  # every path end to end, prefill included
+            assert run["speedup_e2e"] > 0
     (line,) = verdicts(records)
     assert line.startswith("verdict ") and "best fixed K=" in line and "mlx-lm best K=" in line
     assert line.split(" | ")[-1].startswith(("use ", "speculation does not pay here"))
+    # the verdict is the whole request's (decode beside it), and every fixed and mlx-lm K is held to it end to end
+    summary = summarize(records)
+    assert f"{summary['speedup_e2e']:.2f}x end to end (decode {summary['speedup']:.2f}x)" in line
+    assert f"best fixed K={summary['fixed']['best_k']} {summary['fixed']['best_e2e']:.2f}x" in line
+    best_e2e = max(summary["fixed"]["per_k"].values(), key=lambda k: k["speedup_e2e"])["speedup_e2e"]
+    assert summary["fixed"]["best_e2e"] == best_e2e
     text = write_report(results).read_text()
     assert "budget / best fixed" in text and "## Verdict" in text
+    assert "| end-to-end speed-up (min-max) | decode speed-up (min-max) |" in text
+    assert "end-to-end speed-up: specpipe / mlx-lm" in text and "decode: specpipe / mlx-lm best" in text
 
 
 def test_repeats_keep_the_median_run(tmp_path, suite_file):

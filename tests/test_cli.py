@@ -345,6 +345,9 @@ def test_the_summary_says_what_speculation_was_worth_against_plain(tmp_path):
     low, high = summary["speedup_low"], summary["speedup_high"]  # its range, when it drafted enough steps to have one
     assert low <= summary["speedup_estimate"] <= high if low else summary["speedup_high"] == 0.0
     assert f"~{summary['speedup_estimate']:.1f}x" in line and "vs plain (estimated" in line
+    # the whole request beside decoding (prefill included): summary.json and the line lead with it
+    assert 0 < summary["speedup_e2e_estimate"] and f"~{summary['speedup_e2e_estimate']:.1f}x" in line
+    assert "end to end, decoding ~" in line
     line, summary = one("fixed-then")
     assert summary["speedup_source"] == "calibration" and "vs plain (estimated" in line
 

@@ -73,6 +73,9 @@ def test_a_cut_draft_head_is_lossless_and_drafts_only_kept_ids(arch, mode):
     prompt = target.encode_prompt(PROMPT, chat=False)
     baseline, _ = run(target, NoneDrafter(), FixedBudget(k=1), prompt)
     drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", vocab=KEEP)
+    # the cut head's drafts, not the prefill's price: a draft the target's size repays no prefill of a short
+    # answer, and budget=auto would decline it (that choice: tests/test_prefill_price.py)
+    drafter.plans_prefill = False
     budget = prepared(AutoBudget(), target, drafter) if mode == "auto" else FixedBudget(k=6)
     shape = TreeShape(kind="dynamic", nodes=8, depth=4, branching=[3] * 4) if mode == "tree" else None
     got, drafted = run(target, drafter, budget, prompt, tree=shape)

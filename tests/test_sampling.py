@@ -147,6 +147,7 @@ _SWEEP = pytest.mark.statistical
         pytest.param("ngram", marks=_SWEEP),
         pytest.param("model+lookup", marks=_SWEEP),
         pytest.param("model+vocab", marks=_SWEEP),
+        pytest.param("model+context", marks=_SWEEP),
     ],
 )
 @pytest.mark.parametrize("comparator_cls", [RejectionComparator, pytest.param(MatchComparator, marks=_SWEEP)])
@@ -163,6 +164,10 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_models, dr
         drafter_kind == "model+vocab"
     ):  # a cut draft head: the kept ids are the prompt's (1, 2, 3) and what the target emits; q is 0 elsewhere
         drafter = ModelDrafter(target=target, load=lambda **_: draft, model="other", sampler=sampler, vocab=3)
+    elif drafter_kind == "model+context":  # draft.context: the draft reads sink 1 + the last 2 of [1, 2, 3, 1]
+        drafter = ModelDrafter(
+            target=target, load=lambda **_: draft, model="other", sampler=sampler, context=2, sinks=1
+        )
     else:
         drafter = NgramDrafter(min_n=1, max_n=2)
     rejects, stat, critical = chi_square_rejects(sample_pairs(target, drafter, comparator_cls, sampler, prompt), joint)

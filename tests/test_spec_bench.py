@@ -131,6 +131,7 @@ def test_bench_reports_each_category_with_ttft(tmp_path, questions, monkeypatch)
     for cat in ("mt_bench", "rag", "all"):
         assert f"| {cat} | " in section
     assert "tokens/step" in section and "worst TTFT ratio" in section and "K=2" in section
+    assert "| category | questions | end-to-end speed-up | worst | decode speed-up |" in section
     assert "TTFT s plain / spec" in text and "BLAS threads:" in text
     assert "Spec-Bench speed()" in section
 

@@ -208,6 +208,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
         fixed_runs = {k: median_run(runs[k]) for k in runs if k not in ("baseline", "spec")}
         for run in fixed_runs.values():
             run["speedup"] = _ratio(run["decode_tok_s"], b["decode_tok_s"])
+            run["speedup_e2e"] = _ratio(run["e2e_tok_s"], b["e2e_tok_s"])
             run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
         mismatch = first_mismatch(b["token_ids"], s["token_ids"]) if greedy else None
         return {
@@ -257,8 +258,10 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
                 if run is not None:
                     run["first_mismatch"] = first_mismatch(b["token_ids"], run["token_ids"]) if greedy else None
             a["speedup"] = _ratio(a["spec"]["decode_tok_s"], a["plain"]["decode_tok_s"]) if a["spec"] else None
+            a["speedup_e2e"] = _ratio(a["spec"]["e2e_tok_s"], a["plain"]["e2e_tok_s"]) if a["spec"] else None
             for run in (a["sweep"] or {}).values():
                 run["speedup"] = _ratio(run["decode_tok_s"], a["plain"]["decode_tok_s"])
+                run["speedup_e2e"] = _ratio(run["e2e_tok_s"], a["plain"]["e2e_tok_s"])
             record["anchor"] = a
         why = suspect(record)
         if why and multi_request:  # measured again, it would draft from its own answer: flagged as it stands

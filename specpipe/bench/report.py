@@ -4,7 +4,10 @@ PNG plots (plots.py).
 
 Contract: reads only the JSONL (every `bench.jsonl` under DIR, or DIR itself
 when it is a file); never imports mlx. Aggregates are pooled over prompts:
-rates from summed counts, speed-up as the geometric mean of per-prompt ratios.
+rates from summed counts, speed-up as the geometric mean of per-prompt ratios. The
+headline is end to end (generated tokens over the whole request's wall time, prefill
+included: what a user waits for); decode speed-up stands beside it. Verdicts and the
+best K choose on end to end.
 A JSONL of specpipe-bench-serve (concurrency levels) gets its own report
 (serve_report.py): speed-up vs concurrency and the latency CDF per concurrency.
 """
@@ -45,6 +48,13 @@ def sort_key(label: dict) -> tuple:
     return (label["suite"], label["model"], label["drafter"], str(label.get("draft_model")), label.get("k") or 0)
 
 
+def e2e_ratio(run: dict | None, plain: dict | None) -> float | None:
+    """End-to-end speed-up of `run` over `plain` (e2e tok/s: tokens over the whole request's wall time)."""
+    if not run or not plain or not plain.get("e2e_tok_s"):
+        return None
+    return run["e2e_tok_s"] / plain["e2e_tok_s"]
+
+
 def geomean(values: list[float]) -> float:
     values = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else 0.0
@@ -79,6 +89,8 @@ def summarize(rs: list[dict]) -> dict:
         "speedup_min": min(r["speedup"] for r in clean),
         "speedup_max": max(r["speedup"] for r in clean),
         "speedup_e2e": geomean([r["speedup_e2e"] for r in clean]),
+        "speedup_e2e_min": min(r["speedup_e2e"] for r in clean),
+        "speedup_e2e_max": max(r["speedup_e2e"] for r in clean),
         "excluded": len(rs) - len(clean),
         "acceptance": _div(sum(s["accepted"] for s in spec), sum(s["drafted"] for s in spec)),
         "tokens_per_forward": _div(sum(s["generated_tokens"] for s in spec), sum(s["steps"] for s in spec)),
@@ -105,6 +117,7 @@ def summarize(rs: list[dict]) -> dict:
             "plain_tok_s": mean([a["plain"]["decode_tok_s"] for a in anchored]),
             "spec_tok_s": mean([s["decode_tok_s"] for s in specs]) if specs else None,
             "speedup": geomean([a["speedup"] for a in anchored if a["speedup"]]) if specs else None,
+            "speedup_e2e": geomean([e2e_ratio(a["spec"], a["plain"]) or 0.0 for a in anchored]) if specs else None,
             "plain_e2e": mean([a["plain"]["e2e_tok_s"] for a in anchored]),
             "ours_base_e2e": mean([r["baseline"]["e2e_tok_s"] for r in rs if r.get("anchor")]),
             "ours_spec_e2e": mean([r["spec"]["e2e_tok_s"] for r in rs if r.get("anchor")]),
@@ -125,36 +138,48 @@ def _fixed_sweep(rs: list[dict]) -> dict | None:
     if not swept:
         return None
     ks = sorted({int(k) for sw in swept for k in sw})
-    per_k = {k: {"speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw])} for k in ks}
-    best = max(ks, key=lambda k: per_k[k]["speedup"])
-    return {"per_k": per_k, "best_k": best, "best_speedup": per_k[best]["speedup"]}
+    base = [r["baseline"] for r in rs if r.get("fixed")]
+    per_k = {
+        k: {
+            "speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw]),
+            "speedup_e2e": geomean([e2e_ratio(sw.get(str(k)), b) or 0.0 for sw, b in zip(swept, base)]),
+        }
+        for k in ks
+    }
+    best = max(ks, key=lambda k: per_k[k]["speedup_e2e"])  # the request a user waits for, prefill included
+    return {
+        "per_k": per_k,
+        "best_k": best,
+        "best_speedup": per_k[best]["speedup"],
+        "best_e2e": per_k[best]["speedup_e2e"],
+    }
 
 
 def verdicts(records: list[dict]) -> list[str]:
-    """One line per (suite, configuration): the budget vs specpipe's best fixed K vs mlx-lm's best K, same run."""
+    """One line per (suite, configuration): the budget vs specpipe's best fixed K vs mlx-lm's best K, same run,
+    end to end (prefill included), the decode speed-up beside it."""
     lines = []
     for rs in group_by_config(records).values():
         lab = rs[0]["label"]
         clean = passed(rs)
-        ours = geomean([r["speedup"] for r in clean])
+        ours = geomean([r["speedup_e2e"] for r in clean])
+        decode = geomean([r["speedup"] for r in clean])
         out = f", {len(rs) - len(clean)} excluded as noise" if len(clean) < len(rs) else ""
         parts = [
-            f"verdict {lab['suite']} ({len(rs)} prompts{out}, {config_name(lab)}): {lab.get('budget', '?')} {ours:.2f}x"
+            f"verdict {lab['suite']} ({len(rs)} prompts{out}, {config_name(lab)}): {lab.get('budget', '?')} "
+            f"{ours:.2f}x end to end (decode {decode:.2f}x)"
         ]
         fixed = _fixed_sweep(rs)
         if fixed:
             parts.append(
-                f"best fixed K={fixed['best_k']} {fixed['best_speedup']:.2f}x "
-                f"-> {ours / fixed['best_speedup']:.2f} of it"
+                f"best fixed K={fixed['best_k']} {fixed['best_e2e']:.2f}x -> {ours / fixed['best_e2e']:.2f} of it"
             )
         mlx = _anchor_sweep([r["anchor"] for r in rs if r.get("anchor")])
         anchored = [r["anchor"] for r in rs if r.get("anchor") and r["anchor"].get("speedup")]
         if mlx:
-            parts.append(
-                f"mlx-lm best K={mlx['best_k']} {mlx['best_speedup']:.2f}x -> {ours / mlx['best_speedup']:.2f} of it"
-            )
+            parts.append(f"mlx-lm best K={mlx['best_k']} {mlx['best_e2e']:.2f}x -> {ours / mlx['best_e2e']:.2f} of it")
         elif anchored:
-            mlx_spec = geomean([a["speedup"] for a in anchored])
+            mlx_spec = geomean([e2e_ratio(a["spec"], a["plain"]) or 0.0 for a in anchored])
             mlx_k = anchored[0]["spec"].get("num_draft_tokens", lab.get("k"))
             parts.append(f"mlx-lm K={mlx_k} {mlx_spec:.2f}x -> {ours / mlx_spec:.2f} of it")
         parts.append(winner(lab, ours, fixed))
@@ -175,15 +200,15 @@ def winner(label: dict, ours: float, fixed: dict | None, pays_at: float | None =
     """The setting to use for this suite, in words: the faster of the budget and the best fixed K, or plain
     decoding when neither beats it by `pays_at` (None: conf/tune.yaml's, `tune_pays_at`).
 
-    Example: auto 1.92x, best fixed K=8 2.06x -> "use budget.k=8 (2.06x over plain)".
+    Both figures end to end. Example: auto 1.92x, best fixed K=8 2.06x -> "use budget.k=8 (2.06x over plain)".
     """
     pays_at = tune_pays_at() if pays_at is None else pays_at
     budget = str(label.get("budget", "?"))  # "auto(k_max=16)", "fixed(k=8)"
     kind, _, args = budget.partition("(")
     best_name = f"budget.k={args.removeprefix('k=').rstrip(')')}" if kind == "fixed" else f"budget={kind}"
     best = ours
-    if fixed and fixed["best_speedup"] > ours:
-        best_name, best = f"budget.k={fixed['best_k']}", fixed["best_speedup"]
+    if fixed and fixed["best_e2e"] > ours:
+        best_name, best = f"budget.k={fixed['best_k']}", fixed["best_e2e"]
     if best < pays_at:
         return f"speculation does not pay here ({best:.2f}x at best): keep budget=auto, which falls back to plain"
     return f"use {best_name} ({best:.2f}x over plain)"
@@ -191,7 +216,8 @@ def winner(label: dict, ours: float, fixed: dict | None, pays_at: float | None =
 
 def _anchor_sweep(anchored: list[dict]) -> dict | None:
     """mlx-lm's num_draft_tokens sweep pooled over prompts: per K mean tok/s and geomean speed-up, and the best K."""
-    swept = [a["sweep"] for a in anchored if a.get("sweep")]
+    with_sweep = [a for a in anchored if a.get("sweep")]
+    swept = [a["sweep"] for a in with_sweep]
     if not swept:
         return None
     ks = sorted({int(k) for sw in swept for k in sw})
@@ -199,11 +225,17 @@ def _anchor_sweep(anchored: list[dict]) -> dict | None:
         k: {
             "tok_s": mean([sw[str(k)]["decode_tok_s"] for sw in swept if str(k) in sw]),
             "speedup": geomean([sw[str(k)]["speedup"] for sw in swept if str(k) in sw]),
+            "speedup_e2e": geomean([e2e_ratio(a["sweep"].get(str(k)), a["plain"]) or 0.0 for a in with_sweep]),
         }
         for k in ks
     }
-    best = max(ks, key=lambda k: per_k[k]["speedup"])
-    return {"per_k": per_k, "best_k": best, "best_speedup": per_k[best]["speedup"]}
+    best = max(ks, key=lambda k: per_k[k]["speedup_e2e"])  # the request a user waits for, prefill included
+    return {
+        "per_k": per_k,
+        "best_k": best,
+        "best_speedup": per_k[best]["speedup"],
+        "best_e2e": per_k[best]["speedup_e2e"],
+    }
 
 
 def pooled_positions(runs: list[dict]) -> tuple[list[int], list[int]]:
@@ -232,6 +264,16 @@ def config_name(label: dict) -> str:
     if budget.split("(")[0] == "fixed":
         return f"{label['model']} + {draft} k={label['k']}"
     return f"{label['model']} + {draft} [{budget}]"
+
+
+def _both(figures: dict, prefix: str = "") -> str:
+    """ "1.02x (1.34x)": end to end, decode in brackets, from `speedup_e2e` / `speedup` (or `best_e2e` /
+    `best_speedup` with prefix "best_"); "-" where not measured."""
+    e2e = figures.get(f"{prefix}e2e" if prefix else "speedup_e2e")
+    decode = figures.get(f"{prefix}speedup" if prefix else "speedup")
+    if e2e is None or decode is None:
+        return "-"
+    return f"{e2e:.2f}x ({decode:.2f}x)"
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -267,7 +309,9 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
         + " (chosen at start from the processes running then; `blas.threads=` overrides)",
         "- tok/s is decode speed (RunStats.decode_tok_s; mlx-lm: tokens after the first "
         "over the time after the first); "
-        "speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back, "
+        "the headline is the end-to-end speed-up (tokens over the whole request's wall time, prefill of the target "
+        "and of any draft model included: what a user waits for), decode speed-up beside it; "
+        "a speed-up is the geometric mean of per-prompt spec/baseline ratios, each pair measured back to back, "
         "over the prompts whose timings passed the noise guards (bench/noise.py; each excluded one is flagged below).",
         "",
         "## Token match (greedy losslessness)",
@@ -285,8 +329,8 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                 "prompts",
                 "baseline tok/s",
                 "spec tok/s",
-                "speed-up (min-max)",
-                "e2e speed-up",
+                "end-to-end speed-up (min-max)",
+                "decode speed-up (min-max)",
                 "acceptance",
                 "tok/forward",
                 "TTFT s plain / spec (worst ratio)",
@@ -302,9 +346,9 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     s["prompts"],
                     f"{s['base_tok_s']:.2f}",
                     f"{s['spec_tok_s']:.2f}",
-                    f"**{s['speedup']:.2f}x** ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})"
+                    f"**{s['speedup_e2e']:.2f}x** ({s['speedup_e2e_min']:.2f}-{s['speedup_e2e_max']:.2f})"
                     + (f", {s['excluded']} excluded as noise" if s.get("excluded") else ""),
-                    f"{s['speedup_e2e']:.2f}x",
+                    f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})",
                     f"{s['acceptance']:.0%}",
                     f"{s['tokens_per_forward']:.2f}",
                     f"{s['base_ttft_s']:.2f} / {s['ttft_s']:.2f} ({s['ttft_worst']:.2f})",
@@ -336,6 +380,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     "mlx-lm plain",
                     "mlx-lm spec",
                     "mlx-lm speed-up",
+                    "end-to-end speed-up: specpipe / mlx-lm",
                     "e2e tok/s: ours plain / spec, mlx-lm plain / spec",
                     "mlx-lm tokens differ",
                 ],
@@ -349,6 +394,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                         f"{s['anchor']['plain_tok_s']:.2f}",
                         _fmt(s["anchor"]["spec_tok_s"]),
                         _fmt(s["anchor"]["speedup"], "x"),
+                        f"**{s['speedup_e2e']:.2f}x** / {_fmt(s['anchor']['speedup_e2e'], 'x')}",
                         f"{s['anchor']['ours_base_e2e']:.2f} / {s['anchor']['ours_spec_e2e']:.2f}, "
                         f"{s['anchor']['plain_e2e']:.2f} / {_fmt(s['anchor']['spec_e2e'])}",
                         s["anchor"]["differs"],
@@ -364,8 +410,9 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
             "",
             "## mlx-lm's num_draft_tokens sweep (same run)",
             "",
-            "Speed-up of mlx-lm's speculative decoding over mlx-lm's own plain decoding, geometric mean over prompts; "
-            "the best K is chosen over the whole suite (no per-prompt oracle).",
+            "End-to-end speed-up (decode speed-up in brackets) of mlx-lm's speculative decoding over mlx-lm's own "
+            "plain decoding, geometric mean over prompts; the best K is chosen end to end over the whole suite (no "
+            "per-prompt oracle).",
             "",
             table(
                 [
@@ -375,15 +422,17 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     "mlx-lm best",
                     "specpipe speed-up",
                     "specpipe / mlx-lm best",
+                    "decode: specpipe / mlx-lm best",
                 ],
                 [
                     [
                         s["label"]["suite"],
                         config_name(s["label"]),
-                        *[_fmt(s["anchor"]["sweep"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
-                        f"{s['anchor']['sweep']['best_speedup']:.2f}x (K={s['anchor']['sweep']['best_k']})",
-                        f"{s['speedup']:.2f}x",
-                        f"**{s['speedup'] / s['anchor']['sweep']['best_speedup']:.2f}**",
+                        *[_both(s["anchor"]["sweep"]["per_k"].get(k, {})) for k in ks],
+                        f"{_both(s['anchor']['sweep'], 'best_')} (K={s['anchor']['sweep']['best_k']})",
+                        _both(s),
+                        f"**{s['speedup_e2e'] / s['anchor']['sweep']['best_e2e']:.2f}**",
+                        f"{s['speedup'] / s['anchor']['sweep']['best_speedup']:.2f}",
                     ]
                     for s in swept
                 ],
@@ -396,16 +445,18 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
             "",
             "## The budget vs specpipe's fixed K (same run, same baseline runs)",
             "",
+            "End-to-end speed-up over plain (decode speed-up in brackets); the best fixed K is chosen end to end.",
+            "",
             table(
                 ["suite", "config", *[f"K={k}" for k in ks], "best fixed", "budget", "budget / best fixed"],
                 [
                     [
                         s["label"]["suite"],
                         config_name(s["label"]),
-                        *[_fmt(s["fixed"]["per_k"].get(k, {}).get("speedup"), "x") for k in ks],
-                        f"{s['fixed']['best_speedup']:.2f}x (K={s['fixed']['best_k']})",
-                        f"{s['speedup']:.2f}x",
-                        f"**{s['speedup'] / s['fixed']['best_speedup']:.2f}**",
+                        *[_both(s["fixed"]["per_k"].get(k, {})) for k in ks],
+                        f"{_both(s['fixed'], 'best_')} (K={s['fixed']['best_k']})",
+                        _both(s),
+                        f"**{s['speedup_e2e'] / s['fixed']['best_e2e']:.2f}**",
                     ]
                     for s in fixed
                 ],
@@ -442,6 +493,7 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                     r["prompt_tokens"],
                     f"{r['baseline']['decode_tok_s']:.2f}",
                     f"{r['spec']['decode_tok_s']:.2f}",
+                    f"{r['speedup_e2e']:.2f}x",
                     f"{r['speedup']:.2f}x",
                     f"{r['baseline']['ttft_s']:.2f} / {r['spec']['ttft_s']:.2f}",
                     f"{r['spec']['acceptance_rate']:.0%}",
@@ -459,7 +511,8 @@ def render(summaries: list[dict], groups: dict[str, list[dict]], plots: list[str
                 "prompt tokens",
                 "baseline tok/s",
                 "spec tok/s",
-                "speed-up",
+                "end-to-end speed-up",
+                "decode speed-up",
                 "TTFT s plain / spec",
                 "acceptance",
                 "tokens",

@@ -1,26 +1,34 @@
 """`budget=auto`: the plug-in that wires the rates model, the cost model and the policy to the step.
 
 Contract: `prepare(target, drafter)` (once, after loading) reads the device's calibrated verify curve and the
-draft cost and notes what the drafter can do; `start_request()` (each request, called by both drivers)
-carries the last request's rates over as a light prior and restarts the probe schedule; `plan` / `fit`
-(budgets/policy.py) decide; `observe(..., draft=)` / `observe_hindsight` feed the step's outcome to
-`rates` (budgets/rates.py) and `costs` (budgets/costs.py). The Draft carries what the budget learns from
-(its evidence class, the drafter's top probabilities); the batch's price comes with `plan(price=)`. It
-keeps no drafter, and constructing it measures nothing. Rates and c carry over between sessions of this
-process for the same (target, drafter) pair (rates.LEARNED). Why each rule is there, with the runs that
-showed it: docs/benchmarks/log/ and the git history of budgets/auto.py.
+draft cost and notes what the drafter can do; `start_request()` (each request, called by both drivers) carries
+the last request's rates over as a light prior and restarts the probe schedule; `plan` / `fit`
+(budgets/policy.py) decide, the request's first plan also how a deferred draft model prefills
+(budgets/prefill_price.py: whole prompt, window, none; on `StepPlan.prefill`), every plan priced for the
+answer tokens still expected (earlier answers' length, carried like the rates); `observe(..., draft=)` /
+`observe_hindsight` feed the step's outcome to `rates` (budgets/rates.py) and `costs` (budgets/costs.py). The
+Draft carries what the budget learns from (its evidence class, the drafter's top probabilities); the batch's
+price comes with `plan(price=)`. It keeps no drafter, and constructing it measures nothing. Rates and c carry
+over between sessions of this process for the same (target, drafter) pair (rates.LEARNED). Why each rule is
+there, with the runs that showed it: docs/benchmarks/log/ and the git history of budgets/auto.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from specpipe.budgets import rates
 from specpipe.budgets.costs import Costs
 from specpipe.budgets.fixed import K_MAX
 from specpipe.budgets.policy import FREE, LOSS_MARGIN, LOSS_STEPS, AutoPolicy
+from specpipe.budgets.prefill_price import PrefillPrices, choose_prefill
 from specpipe.budgets.rates import CARRY_TRIALS, FORGET, Rates
+from specpipe.core.plan import DraftPrefill, StepPlan
 from specpipe.core.protocols import BudgetBase, Drafter
+from specpipe.costmodel.calibration import expected_speedup
 from specpipe.costmodel.context_curve import ContextCurve
 from specpipe.drafters.chain import ChainStop
 from specpipe.errors import SpecpipeError
@@ -30,6 +38,13 @@ if TYPE_CHECKING:
     from specpipe.core.stages.draft import Draft
 
 __all__ = ["CARRY_TRIALS", "FREE", "LOSS_MARGIN", "AutoBudget"]
+
+# The window a draft model may read instead of the whole prompt when draft.context leaves it open, and the
+# share of the whole prompt's saving that window is priced to keep: on questions over an 800-token document a
+# draft reading sinks + 128 / 512 tokens accepted 35 / 50 % where the whole prompt gave 100 % (self-draft,
+# docs/benchmarks/log/2026-12-06-draft-context.md): half, not nearly all
+PREFILL_WINDOW, PREFILL_SINKS, WINDOW_KEEPS = 256, 4, 0.5
+ANSWER_MEMORY = 0.5  # weight of the earlier answers' length against the last one's
 
 
 class AutoBudget(AutoPolicy, BudgetBase):
@@ -72,6 +87,11 @@ class AutoBudget(AutoPolicy, BudgetBase):
         self.decision: BudgetDecision | None = None  # why the last plan chose its K
         self.chain_stop: ChainStop | None = None
         self._key: tuple | None = None
+        self._prefill_cost = 0.0  # a draft model's prefill per prompt token, in target steps (0: none to price)
+        self._window: int | None = None  # draft.context's window when the user set one
+        self.prefill_choice: DraftPrefill | None = None  # this request's choice, made at its first plan
+        self.answer_len: float | None = None  # earlier answers' tokens (forgotten by ANSWER_MEMORY)
+        self._answer_tokens = 0  # this request's tokens so far
         self.k = self.best_k()
 
     def prepare(self, target, drafter: Drafter) -> None:
@@ -86,6 +106,11 @@ class AutoBudget(AutoPolicy, BudgetBase):
         self.hindsight = drafter.supports_hindsight and not drafter.evidence_is_free
         self.lookup_hindsight = drafter.supports_hindsight and drafter.evidence_is_free
         self.rates.lookup_classes = drafter.evidence_is_free  # classed drafts are free lookups beside a model
+        if drafter.plans_prefill:
+            from specpipe.costmodel.calibration import draft_prefill_cost
+
+            self._prefill_cost = draft_prefill_cost(drafter, target, self.quick)
+            self._window = drafter.prefill_window
         engine = drafter.engine  # which learned rates apply: the pair by name, and the rows a cut head scores
         self._key = (
             target.info.name,
@@ -159,8 +184,62 @@ class AutoBudget(AutoPolicy, BudgetBase):
         one's rates stay as a light prior (CARRY_TRIALS), its `realized` at NEW_REQUEST_STEPS, and the probe
         schedule starts again."""
         self.costs.start_request()
+        if self._answer_tokens:
+            n = self._answer_tokens
+            self.answer_len = (
+                n if self.answer_len is None else ANSWER_MEMORY * self.answer_len + (1 - ANSWER_MEMORY) * n
+            )
+        self._answer_tokens, self.prefill_choice = 0, None
         self._carry_in(self._learned())
         self._probe_wait, self._since_probe, self._probe_due = 1, 0, None
+
+    def plan(self, cache_len: int, room: int, price: dict[int, float] | None = None) -> StepPlan:
+        """The policy's plan, priced for the answer tokens still expected; on the request's first plan the
+        draft model's prefill is chosen too (whole prompt, window, none: `prefill_choice`), and "none" leaves only
+        free drafts for the request."""
+        # memoryless: an answer that has run past the usual length is as likely to go on as a new one
+        self.expected_left = room + 1.0 if self.answer_len is None else min(room + 1.0, self.answer_len)
+        first = self._prefill_cost > 0 and self.prefill_choice is None
+        if first:
+            self.prefill_choice = choose_prefill(self._prefill_prices(cache_len))
+        if self.prefill_choice is not None and self.prefill_choice.kind == "none":
+            plan = self._free_only(room)
+        else:
+            plan = super().plan(cache_len, room, price)
+        if self.prefill_choice is None:
+            return plan
+        if first and plan.decision is not None:
+            self.decision = msgspec.structs.replace(plan.decision, prefill=self.prefill_choice.label())
+            plan = replace(plan, decision=self.decision)
+        return replace(plan, prefill=self.prefill_choice)
+
+    def _prefill_prices(self, prompt_len: int) -> PrefillPrices:
+        """What this request's draft prefill options cost and save, by the rates and costs so far."""
+        # the optimistic rates, as a probe's: on thin evidence (a first request) the draft must get its chance to
+        # show what it accepts, or its rates would never be learned; a short answer still repays no prefill
+        r, costs = self.rates, self.costs
+        a, g = r.alpha_optimistic, r.continuation_optimistic
+        k = self._best(a, g)
+        speedup = expected_speedup(a, k, costs.c, costs.ratio, g) if k else 1.0
+        return PrefillPrices(
+            prompt_len=prompt_len,
+            tokens=self.expected_left,
+            prefill=self._prefill_cost,
+            saving=1.0 - 1.0 / speedup,
+            window=self._window if self._window is not None else PREFILL_WINDOW,
+            sinks=PREFILL_SINKS,
+            window_keeps=1.0 if self._window is not None else WINDOW_KEEPS,
+            full=self._window is None,
+        )
+
+    def _free_only(self, room: int) -> StepPlan:
+        """A step of a request whose draft model reads nothing: a free lookup beside it may draft, never the
+        model (whose catch-up would be the whole prefill after all)."""
+        lookup = self.rates.lookup_classes
+        self.k, self.hindsight_k, self.chain_stop = 0, self.probe_k if self.lookup_hindsight else 0, None
+        self._decide(0, "no draft prefill")
+        plan = StepPlan(k=0, lookup_k=self.lookup_k if lookup else 0, hindsight_k=self.hindsight_k)
+        return replace(plan, decision=self.decision).capped(room)
 
     def observe_hindsight(self, checked: int, matched: int, evidence: int | None = None) -> None:
         """The drafter guessed `checked` emitted tokens, the first `matched` right (of class `evidence`). A
@@ -185,6 +264,7 @@ class AutoBudget(AutoPolicy, BudgetBase):
         """The step's outcome. `verified`: tokens the verify fed after the root when not `drafted` (a tree's
         nodes); `verify_s` None for a batched row (the shared forward's seconds are no T(n) of this row)."""
         fed = (drafted if verified is None else verified) + 1
+        self._answer_tokens += accepted + 1
         if drafted:  # before the curve takes this step's seconds: a step is judged by the price it was planned at
             self.costs.realize(accepted, draft_s, verify_s, fed)
         if verify_s:
@@ -217,11 +297,13 @@ class AutoBudget(AutoPolicy, BudgetBase):
     # ---------------------------------------------------------------- carrying rates over
 
     def _learned(self) -> dict:
-        return {**self.rates.learned(), "c": self.costs.c}
+        return {**self.rates.learned(), "c": self.costs.c, "answer_len": self.answer_len}
 
     def _carry_in(self, learned: dict) -> None:
         self.rates.carry_in(learned)
         self.costs.c = learned["c"]
+        if learned.get("answer_len") is not None:
+            self.answer_len = learned["answer_len"]
 
     def _carry_out(self) -> None:
         if self._key is not None:

@@ -13,12 +13,15 @@ and `costs` (budgets/costs.py), which budgets/auto.py's AutoBudget feeds from ea
 - Evidence classes: a free drafter is asked for k_max tokens where some class pays, and `fit` sizes the
   draft by its own class; a thin continuation is tested one token further (`_longer`).
 - Loss guard: once drafting returned under LOSS_MARGIN of plain's speed, steps stay plain but for probes.
+- Short answers: a probe is bought only where the answer's expected remaining tokens (`expected_left`, set
+  by auto.py each plan) can repay what it is expected to lose, on the optimistic rates (`_repays`).
 - Chain stop: a model drafter stops inside K where the chance its chain holds returns less than the step's
   rate S per unit of cost (drafters/chain.py ChainStop).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from specpipe.budgets.costs import Costs
@@ -32,6 +35,9 @@ FREE = 0.01  # a draft or look back cheaper than this share of a target step is 
 EXPLORE_COST = 0.9  # a longer draft that tests a thin continuation may be priced this share of the best one
 LOSS_STEPS = 5.0  # drafting steps' worth of this run's timings (forgotten) before `realized` is judged
 LOSS_MARGIN = 0.97  # drafting that returned under this share of plain's speed stops, but for probes
+# a probe hopes to find at least this saving per later token, even where the optimistic rates promise none (its
+# job is to notice text that changed): what `_repays` weighs a probe's loss against over the answer's rest
+PROBE_HOPE = 0.05
 
 
 class AutoPolicy:
@@ -54,6 +60,7 @@ class AutoPolicy:
     _since_probe: int
     _probe_due: int | None  # a verify probe's wait before it was doubled, until it drafts
     _step_evidence: int | None  # the class fit saw this step, for observe
+    expected_left: float = math.inf  # answer tokens still expected (auto.py sets it per plan; inf: unknown)
 
     def plan(self, cache_len: int, room: int, price: dict[int, float] | None = None) -> StepPlan:
         """This step's K at this cache length (priced by the batch's `price` while batched), with what the
@@ -93,7 +100,7 @@ class AutoPolicy:
         if self.k == 1 and self.k_max > 1:
             # one-token drafts never test the continuation: draft what its optimistic value pays for
             longer = self._best(r.alpha, r.continuation_optimistic)
-            if longer > 1:
+            if longer > 1 and self._repays(longer):
                 self._since_probe, self._probe_wait = 0, self.probe_every
                 self.k = longer
                 return self._decide(self.k, "probe", (r.alpha, r.continuation_optimistic))
@@ -107,6 +114,8 @@ class AutoPolicy:
             if thin or free or self._since_probe >= self._probe_wait:
                 self.hindsight_k = self.probe_k if free else 1
             return self._decide(0, "plain")
+        if (thin or self._since_probe >= self._probe_wait) and not self._repays(self._probe_size()):
+            return self._decide(0, "short answer")  # the schedule waits: a longer answer may still probe
         if thin:  # optimism buys a probe as long as the optimistic rates say it pays
             self._since_probe, self._probe_wait = 0, self.probe_every
             self.k = self._probe_size()
@@ -166,6 +175,28 @@ class AutoPolicy:
     def _pays(self, k: int, alpha: float, continuation: float, c: float) -> bool:
         return expected_speedup(alpha, k, c, self.costs.ratio, continuation) >= 1.0
 
+    def _repays(self, k: int) -> bool:
+        """A probe of k tokens can repay its expected loss within the answer's expected remaining tokens: the
+        loss is its price (c k + T(k + 1)/T(1) steps) less the tokens the point rates expect of it; the gain,
+        should the optimistic rates be right, the rest of the answer at their speed-up (at least PROBE_HOPE).
+
+        Example (c 0.3, flat verify 1.1, alpha 0.3, g 0.3, optimistic speed-up 1.3): k 2 costs 1.7 steps and
+        yields 1.39 tokens, a loss of 0.31 steps; each later token would save 1 - 1/1.3 = 0.23, so the
+        answer must have 2 + 1 + 0.31 / 0.23 = 4.3 tokens left.
+        """
+        if k <= 0 or math.isinf(self.expected_left):
+            return True
+        r, c, ratio = self.rates, self.costs.c, self.costs.ratio
+        a, g = r.alpha, r.continuation
+        tokens = 1.0 + a * (k if g >= 1.0 else (1 - g**k) / (1 - g))
+        loss = c * k + ratio[min(k + 1, max(ratio))] - tokens
+        if loss <= 0:
+            return True
+        hopeful = (r.alpha_optimistic, r.continuation_optimistic)
+        best = expected_speedup(hopeful[0], self._best(*hopeful), c, ratio, hopeful[1])
+        gain = max(0.0, self.expected_left - k - 1) * max(PROBE_HOPE, 1.0 - 1.0 / best)
+        return gain >= loss
+
     def _some_class_pays(self) -> bool:
         return any(self._best(a, g) > 0 for a, g in self.rates.class_rates())
 
@@ -198,6 +229,9 @@ class AutoPolicy:
         if self._since_probe < self._probe_wait:
             self.k = 0
             return self._decide(0, "lost")
+        if not self._repays(max(self.probe_k, self._best(self.rates.alpha))):
+            self.k = 0
+            return self._decide(0, "short answer")
         self._advance_probe_schedule(verify=True)  # the next probe waits twice as long unless this one wins
         self.hindsight_k = 0
         self.k = max(self.probe_k, self._best(self.rates.alpha))

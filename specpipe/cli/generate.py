@@ -180,16 +180,28 @@ def summary_line(result) -> str:
         f"{s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
         f"TTFT {s.ttft_s:.2f}s | prefill {s.prefill_tok_s:.0f} tok/s ({prompt}) | "
         f"KV {s.kv_bytes_per_token / 1024:.1f} KiB/token | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
-        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS{_worth(result)} | {result.output_dir}"
+        f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS{_chosen(s)}{_worth(result)} | {result.output_dir}"
     )
 
 
 def _worth(result) -> str:
-    """The cost model's estimate against plain decoding (costmodel/worth.py); nothing when it has no costs."""
+    """The cost model's estimate against plain decoding (costmodel/worth.py), the whole request's first and the
+    decoding's beside it; nothing when it has no costs."""
     from specpipe.costmodel.worth import phrase
 
     words = phrase(*(getattr(result, f"speedup_{k}", 0.0) for k in ("estimate", "low", "high")))
-    return f" | {words}" if words else ""
+    if not words:
+        return ""
+    whole, low, high = (getattr(result, f"speedup_e2e_{k}", 0.0) for k in ("estimate", "low", "high"))
+    if whole <= 0:
+        return f" | {words}"
+    span = f" ({low:.1f}-{high:.1f})" if low > 0 and high > 0 else ""
+    return f" | ~{whole:.1f}x{span} end to end, decoding {words}"
+
+
+def _chosen(s) -> str:
+    """budget=auto's choice of the draft model's prefill with its predicted figures (RunStats.draft_prefill)."""
+    return f" | {s.draft_prefill}" if getattr(s, "draft_prefill", "") else ""
 
 
 def _cached(s) -> str:

@@ -23,6 +23,32 @@ K_MAX = 32
 
 
 @dataclass(frozen=True, slots=True)
+class DraftPrefill:
+    """How a draft model prepares for one request, as its budget chose it (budgets/prefill_price.py).
+
+    kind: "full" (the whole prompt), "window" (`sinks` + the last `window` tokens: drafters/draft_window.py) or
+        "none" (no draft-model prefill: only free drafters draft, e.g. a prompt lookup; else plain steps).
+    tokens: the answer tokens the choice was priced for.
+    net: each option's predicted net saving in target steps (what the decision log and summary show).
+    """
+
+    kind: str
+    window: int = 0
+    sinks: int = 4
+    tokens: float = 0.0
+    net: dict[str, float] | None = None
+
+    def label(self) -> str:
+        """One phrase for the summary line: "draft prefill window 256 (net +12.3 steps; full -40.1, none 0.0)"."""
+        head = f"window {self.window}" if self.kind == "window" else self.kind
+        nets = self.net or {}
+        rest = ", ".join(f"{k} {v:+.1f}" for k, v in nets.items() if k != self.kind)
+        mine = f"net {nets[self.kind]:+.1f} steps" if self.kind in nets else ""
+        inside = "; ".join(x for x in (mine, rest) if x)
+        return f"draft prefill {head}" + (f" ({inside}) over ~{self.tokens:.0f} tokens" if inside else "")
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     """One row's step, as its budget planned it.
 
@@ -37,6 +63,8 @@ class StepPlan:
     decision: why the budget chose this (the step's Drafted event carries it).
     fit: the budget may resize the draft in hand by the drafter's evidence (False: a K override, a
         plain first token: the plan is final).
+    prefill: how a draft model that has not prefilled yet prepares for this request (budget=auto's choice;
+        None: as configured, the whole prompt or draft.context's window).
     """
 
     k: int = 0
@@ -48,6 +76,7 @@ class StepPlan:
     probe: bool = False
     decision: BudgetDecision | None = None
     fit: bool = True
+    prefill: DraftPrefill | None = None
 
     @classmethod
     def first_token(cls) -> StepPlan:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     import mlx.core as mx
 
-    from specpipe.core.plan import StepPlan
+    from specpipe.core.plan import DraftPrefill, StepPlan
     from specpipe.core.stages.compare import Verdict
     from specpipe.core.stages.draft import Draft
     from specpipe.costmodel.context_curve import ContextCurve
@@ -75,6 +75,13 @@ class Drafter(Protocol):
     @property
     def prefill_after_first_token(self) -> bool: ...
 
+    # True: its deferred prefill reads what the budget chose (`prefill_planned`: whole prompt, window, none);
+    # `prefill_window` is the window the user fixed (draft.context), None where the budget may choose
+    @property
+    def plans_prefill(self) -> bool: ...
+    @property
+    def prefill_window(self) -> int | None: ...
+
     # True: it proposes token trees of its own (`propose_tree`); the tree step refuses the others
     @property
     def supports_trees(self) -> bool: ...
@@ -106,6 +113,10 @@ class Drafter(Protocol):
     def resume(self, prompt_ids: list[int], state: Any) -> None:
         """`prefill(prompt_ids)` from `state`, which `prefix_state` gave for a prefix of prompt_ids: only the
         rest is read. Drafts afterwards as after a prefill of the whole prompt."""
+
+    def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
+        """A deferred prefill (`prefill_after_first_token`) as the budget chose it for this request: the whole
+        prompt, a window of it, or none of it (None: as configured)."""
 
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         """Propose up to `plan.k` tokens to follow `context_ids` (a free lookup up to `plan.lookup_k`; a model
@@ -151,6 +162,8 @@ class DrafterBase:
     last_evidence: int | None = None
     evidence_is_free: bool = False
     prefill_after_first_token: bool = False
+    plans_prefill: bool = False  # its deferred prefill takes the budget's choice (`prefill_planned`)
+    prefill_window: int | None = None  # draft.context's window where the user set one
     supports_trees: bool = False  # a drafter with a `propose_tree` of its own says True
     last_tops: list[float] = []  # noqa: RUF012  (read only; a drafter that chains assigns its own list)
 
@@ -175,6 +188,9 @@ class DrafterBase:
 
     def resume(self, prompt_ids: list[int], state: Any) -> None:
         self.prefill(prompt_ids)  # type: ignore[attr-defined]  # every drafter defines prefill
+
+    def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
+        self.prefill(prompt_ids)  # type: ignore[attr-defined]  # every drafter defines its prefill; no choice here
 
     def rollback(self, kept_len: int) -> int:
         if self.cache is not None:  # a drafter that keeps a cache must say how it rolls it back

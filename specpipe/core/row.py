@@ -20,6 +20,7 @@ from specpipe.core.storage import LoneCache
 from specpipe.events import Event
 
 if TYPE_CHECKING:
+    from specpipe.core.plan import DraftPrefill
     from specpipe.engine.engine import Capture, ForwardResult
     from specpipe.trees.proposal import TreeParts
 
@@ -89,13 +90,14 @@ class Row:
         if self.storage is None:
             self.storage = LoneCache(self.cache)
 
-    def prefill_drafter(self, prompt_ids: list[int]) -> None:
-        """The drafter reads the prompt, resuming from the prefix store's state when this request has one."""
+    def prefill_drafter(self, prompt_ids: list[int], planned: DraftPrefill | None = None) -> None:
+        """The drafter reads the prompt: resuming from the prefix store's state when this request has one and
+        its budget did not choose a window or no draft prefill (`planned`, a deferred prefill's), else as planned."""
         state, self.draft_resume = self.draft_resume, None
-        if state is not None:
+        if state is not None and (planned is None or planned.kind == "full"):
             self.drafter.resume(prompt_ids, state)
         else:
-            self.drafter.prefill(prompt_ids)
+            self.drafter.prefill_planned(prompt_ids, planned)
 
     @property
     def last_id(self) -> int:

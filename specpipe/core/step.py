@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from specpipe.core.plan import StepPlan
+from specpipe.core.plan import DraftPrefill, StepPlan
 from specpipe.core.proposal import propose_chain
 from specpipe.core.row import Proposal, Row
 from specpipe.events import DraftPrefilled, Emitted, Event
@@ -75,7 +75,7 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, Proposal]:
     if row.tree is not None and not first_plain:
         from specpipe.trees.proposal import propose_tree_row
 
-        yield from _prefill_draft(row, clock)
+        yield from _prefill_draft(row, clock, None)
         return (yield from propose_tree_row(row, room, clock))
     if first_plain:
         plan = StepPlan.first_token()
@@ -86,16 +86,17 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, Proposal]:
     if not first_plain and max(plan.k, plan.lookup_k, plan.hindsight_k) > 0:
         # a draft model prefills when its row first drafts: a step the budget makes plain needs no draft, and
         # in a batch that decodes plain (8 rows on a CPU) every joining row's prefill stalled every row
-        yield from _prefill_draft(row, clock)
+        yield from _prefill_draft(row, clock, plan.prefill)
     return (yield from propose_chain(row, plan, clock, first_plain))
 
 
-def _prefill_draft(row: Row, clock) -> Generator[Event, None, None]:
-    """The deferred draft prefill (a draft model's: `draft_ready` False until now), over the context so far."""
+def _prefill_draft(row: Row, clock, prefill: DraftPrefill | None) -> Generator[Event, None, None]:
+    """The deferred draft prefill (a draft model's: `draft_ready` False until now), over the context so far, as
+    the budget chose (`prefill`: whole, a window, none; None: as configured)."""
     if row.draft_ready:
         return
     s = time.perf_counter()
-    row.prefill_drafter(row.context)
+    row.prefill_drafter(row.context, prefill)
     row.draft_ready = True
     yield DraftPrefilled(t=clock(), tokens=len(row.context), seconds=time.perf_counter() - s)
 

@@ -179,6 +179,24 @@ def expected_speedup(
     return tokens / (k * c + ratio[min(k + 1, max(ratio))])
 
 
+def draft_prefill_cost(drafter, target, quick: bool = True) -> float:
+    """One prompt token of the drafter's own prefill, in target steps (0 for a drafter without a model).
+
+    Read off the draft model's calibrated curve at its longest point: T_d(n) / n over the target's T(1). A
+    prefill in 512-token chunks runs cheaper per token than a 33-token forward, so this prices the prefill
+    high rather than low: a window or no prefill is chosen only where it clearly pays.
+    """
+    engine = drafter.engine
+    if engine is None:
+        return 0.0
+    curve = verify_cost_curve(engine, quick)
+    n = max(curve["ratio"])
+    per_token = curve["ratio"][n] / n
+    if engine is target:
+        return per_token
+    return per_token * curve["t1_s"] / verify_cost_curve(target, quick)["t1_s"]
+
+
 def draft_cost(drafter, target, quick: bool = True) -> float:
     """c: one drafted token's cost relative to one target forward (0 for model-free drafters).
 

@@ -6,6 +6,10 @@ with T(n)/T(1) the curve the budget already holds (budget=auto) or the one a cal
 Without a curve, the run's plain steps (K = 0) time T(1) and the drafting steps' measured seconds are priced
 against it; a run with neither says nothing (0.0).
 
+`end_to_end(estimate, stats)` turns it into the whole request's speed-up: the decode time the estimate says
+plain decoding would have taken, plus the target's prefill, over the request's wall time (the draft model's
+prefill in it): a long prompt with a short answer can lose end to end what decoding won.
+
 `estimate_speedup(steps, budget, target, drafter)` is the one call for the figure and its uncertainty (the CLI's
 summary line and the chat show the same): a 90% range from resampling the run's own steps (how sure its
 acceptance is), widened by the curve's timing noise when a curve priced it; `phrase` words it
@@ -109,6 +113,23 @@ def priced_estimate(steps: StepLog, ratio: dict[int, float] | None, c: float | N
         return Estimate(value, source=source)
     widen = 1 + (noise if source == "calibration" else 0.0)
     return Estimate(value, min(span[0], value) / widen, max(span[1], value) * widen, source)
+
+
+def end_to_end(decode: Estimate, wall_s: float, target_prefill_s: float, draft_prefill_s: float) -> Estimate:
+    """The request's end-to-end speed-up over plain decoding from the decode estimate (and its range).
+
+    Plain would take target prefill + decode time x the decode speed-up; this run took its wall time, the draft
+    model's prefill included. Example: wall 10 s = 2 s target prefill + 3 s draft prefill + 5 s decoding at an
+    estimated 1.6x: plain 2 + 8 = 10 s -> 1.0x end to end.
+    """
+    decoding = wall_s - target_prefill_s - draft_prefill_s
+    if decode.value <= 0 or wall_s <= 0 or decoding <= 0:
+        return Estimate()
+
+    def whole(speedup: float) -> float:
+        return (target_prefill_s + decoding * speedup) / wall_s if speedup > 0 else 0.0
+
+    return Estimate(whole(decode.value), whole(decode.low), whole(decode.high), decode.source)
 
 
 def phrase(value: float, low: float = 0.0, high: float = 0.0) -> str:

@@ -31,6 +31,11 @@ it, so the first token comes as fast as plain decoding's (with the 1.5B and its
 0.5B draft the prefill had added 40-60% to it); the draft then sees the whole
 context, so acceptance is what it was. `draft.model=self` (the self-test whose
 every step accepts K) prefills before the first step as before.
+
+`draft.context=W` (null: the whole prompt) prefills only the first `draft.sinks` tokens and the last W
+(drafters/draft_window.py): on a long prompt with a short answer the draft's prefill of the whole prompt cost
+more than drafting saved. `cached_len` still counts the whole context, so rollback is unchanged; the cache
+is cut back to sinks + W once drafting grows it to sinks + 2W.
 """
 
 from __future__ import annotations
@@ -40,13 +45,14 @@ from typing import Any
 
 import mlx.core as mx
 
-from specpipe.core.plan import StepPlan
+from specpipe.core.plan import DraftPrefill, StepPlan
 from specpipe.core.protocols import DrafterBase, Rollback
 from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import ChainStop, chain, to_draft
 from specpipe.drafters.cross_vocab import CrossVocab, choose_map
 from specpipe.drafters.draft_vocab import DraftVocab, frequent_ids, head_module
+from specpipe.drafters.draft_window import DraftWindow
 from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
@@ -91,6 +97,8 @@ class ModelDrafter(DrafterBase):
         lookup_min_n: int = 0,
         vocab: int | None = None,
         vocab_map: str = "auto",
+        context: int | None = None,
+        sinks: int = 4,
     ):
         """
         Args:
@@ -107,12 +115,18 @@ class ModelDrafter(DrafterBase):
                 draft's head can be cut, else the whole vocabulary.
             vocab_map: how a draft with another tokenizer drafts for the target (drafters/cross_vocab.py):
                 auto | intersection | text; unused when the tokenizers are the same.
+            context: the recent prompt tokens the draft prefills and keeps (drafters/draft_window.py); None: all.
+            sinks: with `context`, the first tokens kept as well (attention sinks).
         """
         if not 0 <= lookup_min_n <= MAX_N:
             raise SpecpipeError(
                 f"draft.lookup_min_n={lookup_min_n} is out of range: 0 (no lookup) or 1..{MAX_N} (3 suits code edits)"
             )
         # longest match first, at least 4 tokens long when the floor allows: the n-gram drafter's default
+        self.window = DraftWindow(context, sinks) if context is not None else None
+        self.prefill_window = context  # budget=auto then chooses between this window and no prefill
+        self._configured_window = self.window
+        self._read_nothing = False  # budget=auto chose no prefill for this request: the lookup alone drafts
         self._lookup = NgramDrafter(min_n=lookup_min_n, max_n=max(4, lookup_min_n)) if lookup_min_n else None
         self.evidence_is_free = self._lookup is not None
         self.sampler = sampler
@@ -149,6 +163,7 @@ class ModelDrafter(DrafterBase):
                 f"draft.vocab_map={self._cross.method}: the draft model reads each prompt whole (its own tokens "
                 "have no stored prefix); the target still reuses it"
             )
+        self.plans_prefill = self.prefill_after_first_token
         self._vocab_seen = 0  # context ids whose rows the draft vocabulary has taken in
         self.cache = self.engine.make_cache()
         self.cached_len = 0
@@ -234,16 +249,21 @@ class ModelDrafter(DrafterBase):
         return drop
 
     def prefill(self, prompt_ids: list[int]) -> None:
+        self.window, self._read_nothing = self._configured_window, False
+        self._prefill_request(prompt_ids)
+
+    def _prefill_request(self, prompt_ids: list[int]) -> None:
         own = self._cross.prefill(prompt_ids) if self._cross is not None else prompt_ids  # in the draft's tokens
-        self.cache = self.engine.make_cache()  # each generation starts clean
-        self._read_prompt(prompt_ids, own, 0)
+        self._prefill_own(own[:-1])
+        self._read_rest(prompt_ids)
 
     def prefix_state(self, context_ids: list[int], length: int) -> Any:
         """A copy of the draft cache over the context's first min(length, cached) positions (the prefix store
         keeps it with the target's); None for a draft with another tokenizer (its positions count its own
-        tokens: it prefills itself again) or a cache kind the store cannot copy."""
+        tokens: it prefills itself again), a windowed or skipped prefill (its cache is not the prefix's) or a
+        cache kind the store cannot copy."""
         n = min(length, self.cached_len)
-        if self._cross is not None or self.cache is None or n < 1:
+        if self._cross is not None or self.cache is None or n < 1 or self.window is not None or self._read_nothing:
             return None
         try:
             return take(self.cache, n)
@@ -251,21 +271,43 @@ class ModelDrafter(DrafterBase):
             return None
 
     def resume(self, prompt_ids: list[int], state: Any) -> None:
-        """prefill from a draft snapshot of the prompt's first `state.length` positions: the rest only is fed."""
+        """prefill from a draft snapshot of the prompt's first `state.length` positions (a whole-prompt prefill's,
+        see prefix_state): the rest only is fed."""
+        self.window, self._read_nothing = None, False
         self.cache = restore(state, self.engine.make_cache())
-        self._read_prompt(prompt_ids, prompt_ids, state.length)
-
-    def _read_prompt(self, prompt_ids: list[int], own: list[int], held: int) -> None:
-        """Feed own[held:-1] (the draft's tokens of the prompt; the cache holds the first `held`)."""
-        if len(own) - 1 > held:
-            self.engine.prefill(own[held:-1], self.cache)
-        self.cached_len = len(own) - 1
+        if len(prompt_ids) - 1 > state.length:
+            self.engine.prefill(prompt_ids[state.length : -1], self.cache)
+        self.cached_len = len(prompt_ids) - 1
         self._fed = None
+        self._read_rest(prompt_ids)
+
+    def _read_rest(self, prompt_ids: list[int]) -> None:
+        """What reads the prompt beside the draft cache: the draft vocabulary's rows, the prompt lookup."""
         if self._vocab is not None:
             self._vocab.reset(prompt_ids)
             self._vocab_seen = len(prompt_ids)
         if self._lookup is not None:
             self._lookup.prefill(prompt_ids)
+
+    def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
+        """The deferred prefill as budget=auto chose it: the whole prompt, sinks + a window, or nothing (the
+        lookup alone drafts; the model is asked for nothing this request); None: as configured."""
+        self.window = self._configured_window
+        if prefill is not None and prefill.kind == "window":
+            self.window = DraftWindow(prefill.window, prefill.sinks)
+        elif prefill is not None and prefill.kind == "full":
+            self.window = None
+        self._read_nothing = prefill is not None and prefill.kind == "none"
+        self._prefill_request(prompt_ids)
+
+    def _prefill_own(self, ids: list[int]) -> None:
+        """A fresh draft cache standing for the context `ids` (its own tokens): all of them, or the window's."""
+        self.cache = self.engine.make_cache()  # each generation starts clean
+        if self._read_nothing:  # the model drafts nothing this request: a later prefill_planned starts it anew
+            ids = []
+        self.engine.prefill(self.window.prefill_ids(ids) if self.window is not None else ids, self.cache)
+        self.cached_len = len(ids)
+        self._fed = None
 
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         k = plan.k
@@ -313,7 +355,10 @@ class ModelDrafter(DrafterBase):
         return draft
 
     def take_in(self, context_ids: list[int]) -> None:
-        """Let the draft propose what the target has emitted since the last draft (draft.vocab)."""
+        """Before a draft: cut a grown window back (draft.context) and let the draft propose what the target
+        has emitted since the last draft (draft.vocab)."""
+        if self.window is not None and self.window.due(self.cached_len):
+            self._prefill_own(context_ids[: self.cached_len])
         if self._vocab is not None:
             self._vocab.add(context_ids[self._vocab_seen :])
             self._vocab_seen = len(context_ids)

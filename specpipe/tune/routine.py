@@ -137,6 +137,7 @@ def spec_run(record: dict) -> dict:
         "prompt_id": record["prompt_id"],
         "category": record.get("category"),
         "speedup": record["speedup"],
+        "speedup_e2e": record["speedup_e2e"],
         "lossless": record["tokens_match"],
     }
 
@@ -144,7 +145,9 @@ def spec_run(record: dict) -> dict:
 def fixed_run(record: dict, k: str) -> dict:
     """A record's fixed-K run beside the budget (its speed-up is already over the same baseline)."""
     run = record["fixed"][k]
+    base = record["baseline"]["e2e_tok_s"]
     return run | {
+        "speedup_e2e": run["e2e_tok_s"] / base if base else 0.0,
         "prompt_id": record["prompt_id"],
         "category": record.get("category"),
         "lossless": run["first_mismatch"] is None,

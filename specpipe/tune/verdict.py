@@ -1,6 +1,7 @@
 """From measured outcomes to what the user reads: one verdict per task kind, the table, the winning setup.
 
-Contract: `summarise(outcome)` -> per option (auto, K=4, ...) its geo-mean speed-up over plain decoding,
+Contract: `summarise(outcome)` -> per option (auto, K=4, ...) its geo-mean end-to-end speed-up over plain
+decoding (the whole request, prefill included: what verdicts and the winner choose by), its decode speed-up,
 acceptance, tokens per target forward, p50 / p99 gaps and losslessness; `verdicts(outcomes, pays_at)` ->
 one line per kind, in words; `table(outcomes)` -> Markdown rows; `winner(outcomes, pays_at)` -> the
 (candidate, budget) to write as a preset. An option whose output differed from plain decoding's is never a
@@ -22,7 +23,10 @@ NOISE = 1.05  # a speed-up this far above tokens per forward is the machine's no
 @dataclass(frozen=True)
 class Option:
     name: str  # "auto" or "K=8"
-    speedup: float  # geo-mean over prompts of decode tok/s over plain decoding's, same prompt, back to back
+    # geo-mean over prompts of end-to-end tok/s (the whole request, prefill included) over plain decoding's, same
+    # prompt, back to back: what a user waits for, and what the verdict and the winner choose by
+    speedup: float
+    decode: float  # the same of decode tok/s (prefill left out): kept as a column
     acceptance: float
     tokens_per_forward: float
     p50_ms: float
@@ -47,7 +51,8 @@ def summarise(outcome: Outcome) -> list[Option]:
         out.append(
             Option(
                 name=name,
-                speedup=math.exp(statistics.fmean(math.log(max(r["speedup"], 1e-9)) for r in runs)),
+                speedup=_geomean([r.get("speedup_e2e", r["speedup"]) for r in runs]),  # older records: decode only
+                decode=_geomean([r["speedup"] for r in runs]),
                 acceptance=statistics.fmean(r.get("acceptance_rate", 0.0) for r in runs),
                 tokens_per_forward=statistics.fmean(r.get("tokens_per_forward", 0.0) for r in runs),
                 p50_ms=statistics.median(r.get("latency_ms", {}).get("p50", 0.0) for r in runs),
@@ -57,6 +62,10 @@ def summarise(outcome: Outcome) -> list[Option]:
             )
         )
     return out
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(max(v, 1e-9)) for v in values))
 
 
 def best_of(outcomes: list[Outcome]) -> tuple[Outcome, Option] | None:
@@ -97,24 +106,27 @@ def verdicts(outcomes: list[Outcome], pays_at: float) -> list[str]:
                 "slowed by other work between runs: rerun with repeats=2 on a quieter machine"
             )
         lines.append(
-            f"{kind}: {opt.speedup:.2f}x with {o.candidate.label()} {opt.budget_words()} "
-            f"(acceptance {opt.acceptance:.0%}, {opt.tokens_per_forward:.2f} tokens per forward{beside}{noisy}){warn}"
+            f"{kind}: {opt.speedup:.2f}x end to end (decode {opt.decode:.2f}x) with {o.candidate.label()} "
+            f"{opt.budget_words()} (acceptance {opt.acceptance:.0%}, {opt.tokens_per_forward:.2f} tokens per forward"
+            f"{beside}{noisy}){warn}"
         )
     return lines
 
 
 def table(outcomes: list[Outcome]) -> list[str]:
     head = (
-        "| kind | drafter | budget | prompts | speed-up | acceptance | tok / forward | p50 / p99 ms | equal to plain |"
+        "| kind | drafter | budget | prompts | end-to-end speed-up | decode speed-up | acceptance | tok / forward "
+        "| p50 / p99 ms | equal to plain |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         if o.skipped:
-            lines.append(f"| {o.kind.name} | {o.candidate.label()} | - | - | skipped: {o.skipped} | | | | |")
+            lines.append(f"| {o.kind.name} | {o.candidate.label()} | - | - | skipped: {o.skipped} | | | | | |")
             continue
         for opt in summarise(o):
             lines.append(
                 f"| {o.kind.name} | {o.candidate.label()} | {opt.name} | {opt.prompts} | {opt.speedup:.2f}x | "
+                f"{opt.decode:.2f}x | "
                 f"{opt.acceptance:.0%} | {opt.tokens_per_forward:.2f} | {opt.p50_ms:.0f} / {opt.p99_ms:.0f} | "
                 f"{'yes' if opt.lossless else '**NO**'} |"
             )
@@ -122,7 +134,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
 
 
 def winner(outcomes: list[Outcome], pays_at: float) -> tuple[Candidate, str]:
-    """The (candidate, "auto" | "K=n") whose geo-mean speed-up over every kind is best.
+    """The (candidate, "auto" | "K=n") whose geo-mean end-to-end speed-up over every kind is best.
 
     `budget=auto` wins ties within 5 % and wherever a fixed K would lose on some kind (auto falls back to
     plain decoding where speculation does not pay; a fixed K does not). With nothing measured, n-gram + auto.
