@@ -197,6 +197,14 @@ class PrefillConfig:
 
 
 @dataclass
+class PrefixCacheConfig:
+    """The prefix store (specpipe/prefix/, docs/prefix_cache.md): a prompt's longest stored prefix is reused."""
+
+    enabled: bool = MISSING  # on for the chat and the server; off for bench and tune (a repeat would reuse)
+    bytes: int = ranged(0, None, "the bytes of cache snapshots kept, e.g. 1073741824 (1 GiB)")
+
+
+@dataclass
 class BlasConfig:
     # OpenBLAS threads; null: the cores other processes leave free at start (engine/load/blas.py). Read from
     # the command line before Hydra composes (the BLAS loads before MLX), kept here so the snapshot has it
@@ -217,6 +225,7 @@ class PipelineGroups:
     tree: Any = MISSING
     kv: Any = MISSING  # engine/kv.py: full | quantized | window
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     blas: BlasConfig = field(default_factory=BlasConfig)
 
 

@@ -68,6 +68,7 @@ class PrefillDone(Base, frozen=True, kw_only=True):  # frozen restated: mypy rea
     seconds: float
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
+    cached_tokens: int = 0  # of `tokens`, the leading ones taken from the prefix store (not prefilled)
 
 
 class DraftPrefilled(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
@@ -199,6 +200,7 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     """Figures of one run; see metrics.py for the definitions."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix store instead of prefilled (prefix_cache)
     generated_tokens: int = 0
     steps: int = 0
     target_forwards: int = 0

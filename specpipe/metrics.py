@@ -36,6 +36,7 @@ class StatsCollector:
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
+        self.cached_tokens = 0  # of those, taken from the prefix store (PrefillDone.cached_tokens)
         self.prefill_s = 0.0
         self.target_prefill_s = 0.0
         self.draft_prefill_s = 0.0
@@ -71,6 +72,7 @@ class StatsCollector:
             self.prompt_tokens = self.prompt_tokens or event.tokens  # a pipeline run without RunStarted
             self.target_prefill_s = event.target_seconds or event.seconds  # older recordings: no split
             self.draft_prefill_s = event.draft_seconds
+            self.cached_tokens = event.cached_tokens
             self._prefill_end_t = event.t
             self._last_emit_t = event.t
         elif isinstance(event, DraftPrefilled):
@@ -131,6 +133,7 @@ class StatsCollector:
         decode_s = self._last_emit_t - self._prefill_end_t - self._deferred_s
         return RunStats(
             prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
             generated_tokens=generated,
             steps=self.steps,
             target_forwards=self.steps,
@@ -142,7 +145,10 @@ class StatsCollector:
             acceptance_by_position=[a / d for a, d in zip(self.position_accepted, self.position_drafted)],
             expected_acceptance=sum(self._overlap) / len(self._overlap) if self._overlap else 0.0,
             tokens_per_forward=generated / self.steps if self.steps else 0.0,
-            prefill_tok_s=self.prompt_tokens / self.target_prefill_s if self.target_prefill_s else 0.0,
+            # the prompt tokens the target fed: those from the prefix store took no forward
+            prefill_tok_s=(self.prompt_tokens - self.cached_tokens) / self.target_prefill_s
+            if self.target_prefill_s
+            else 0.0,
             prefill_s=self.prefill_s,
             draft_prefill_s=self.draft_prefill_s,
             draft_s=self.draft_s,

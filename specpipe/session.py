@@ -4,7 +4,10 @@ per prompt).
 
 Contract: `Session(cfg)` loads and validates everything (SpecpipeError on
 bad input); `generate(prompt_ids)` yields the pipeline's events, starting
-with RunStarted and ending with RunFinished.
+with RunStarted and ending with RunFinished. The session owns one prefix
+store (`prefix_store`, specpipe/prefix/; None with prefix_cache.enabled
+false): every generation starts from it and keeps its prompt and answer
+there, and the server's batch hands it to its BatchDecoder.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from specpipe.engine.kv import FullKV
 from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.plugins import build_plugin, check_plugins
+from specpipe.prefix.store import PrefixStore
 from specpipe.preflight import check_text
 
 
@@ -70,6 +74,7 @@ class Session:
         self.comparator, self.bonus = comparator_and_bonus(cfg, self.sampler)
         engine = self.drafter.engine
         self.draft_info = engine.info if engine is not None and engine is not self.target else None
+        self.prefix_store = prefix_store_for(cfg, self.target)
 
     def encode(self, text: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Prompt ids from the config's prompt, a text, or chat messages."""
@@ -123,7 +128,15 @@ class Session:
             **self._costs(),
         )
         pipeline = SpeculativePipeline(
-            self.target, self.drafter, self.budget, self.comparator, self.rollback, self.bonus, started, self.tree
+            self.target,
+            self.drafter,
+            self.budget,
+            self.comparator,
+            self.rollback,
+            self.bonus,
+            started,
+            self.tree,
+            prefix_store=self.prefix_store,
         )
         return pipeline.run(prompt_ids, max_tokens, control=control)
 
@@ -148,6 +161,16 @@ def configure_engine(engine, kv, cfg: DictConfig):
     engine.kv = kv
     engine.prefill_chunk = cfg.prefill.chunk if cfg.get("prefill") else engine.prefill_chunk
     return engine
+
+
+def prefix_store_for(cfg: DictConfig, target) -> PrefixStore | None:
+    """The session's prefix store (prefix_cache.enabled), bounded by prefix_cache.bytes; None when off."""
+    pc = cfg.get("prefix_cache")
+    if pc is None or not pc.enabled:
+        return None
+    if pc.bytes < 0:  # preflight says so first for a CLI run; a config built in code gets the same line
+        raise ConfigError(f"prefix_cache.bytes={pc.bytes}: must be 0 or more, e.g. prefix_cache.bytes=1073741824")
+    return PrefixStore(int(pc.bytes), target.make_cache)
 
 
 def comparator_and_bonus(cfg: DictConfig, sampler: Sampler) -> tuple[Comparator, Bonus]:

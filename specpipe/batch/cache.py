@@ -196,6 +196,24 @@ class RaggedBatch:
         self.valid, self.pos, self.offsets = self.valid[rows], self.pos[rows], self.offsets[rows]
         self.row_ids = [self.row_ids[i] for i in rows]
 
+    def row_cache(self, row_id: int, fresh: list) -> list | None:
+        """The row as a lone cache would hold it, written into `fresh` (the target's `make_cache()`): each full
+        attention layer's kept columns in position order, each recurrent layer the row's state; for the prefix
+        store to keep a finished row's prompt and answer. None where a layer is a window (the batch kept no
+        rollback margin before it) or `fresh` is not of plain and recurrent layers."""
+        b = self.row_ids.index(row_id)
+        length = int(self.offsets[b])
+        view = self.row_kv(row_id)
+        for i, (layer, solo) in enumerate(zip(self.layers, fresh)):
+            if isinstance(layer, RecurrentLayer) and isinstance(solo, ArraysCache):
+                solo.cache = [None if s is None else s[b : b + 1] for s in layer.cache]
+            elif isinstance(layer, LayerCache) and type(solo) is KVCache and layer.window is None:
+                rows = view.kv_rows(i, length, "target")
+                solo.state = (rows.keys, rows.values, length)
+            else:
+                return None
+        return fresh
+
     def row_kv(self, row_id: int) -> RowKv:
         """The K/V of the row `add` numbered `row_id`, as engine/target_kv.py's TargetKv reads it (`lend`)."""
         return RowKv(self, row_id)

@@ -14,6 +14,15 @@ rows leave the batch. A greedy row emits exactly the tokens that request gets de
 module only adapts: joins and leaves, prefill a chunk at a time, the rows' events into StepReports.
 Never touches HTTP.
 
+Prefix store (`prefix_store`, specpipe/prefix/; the Session's `prefix_store`): `begin` restores the longest
+stored prefix of the prompt into the request's solo cache, and `join` keeps the prompt's cache there before
+copying it into the batch; a finished row keeps its prompt and answer (full-attention and recurrent layers;
+a window layer's row is not rebuilt). Why copies rather than copy-on-write: a RaggedBatch writes every row
+at one shared column into one [B, H, cols, D] buffer per layer, so a row cannot point at another buffer's
+columns; the copy at join is the one the batch always made from the solo cache (a prefill costs a forward
+per chunk, a copy one memory pass), and the store's own copy is what keeps its entry safe from in-place
+writes.
+
 Events: every row yields what a chain run yields (events.py), on the row's own clock (t = 0 when
 it was admitted, `begin`): PrefillDone once it joins, then per step [DraftPrefilled], Drafted,
 Verified (the shared forward's seconds), RolledBack (strategy "mask": the rejected columns became
@@ -40,6 +49,7 @@ from specpipe.core.row import Row as StepRow
 from specpipe.core.step import step as one_step
 from specpipe.events import Drafted, Emitted, Event, RunFinished, Verified
 from specpipe.metrics import StatsCollector
+from specpipe.prefix.store import PrefixStore
 
 RHO_PRIOR = 0.75  # a new row's drafter is expected to propose on 3 of 4 asked steps (a model drafter: always)
 RHO_DECAY = 0.8
@@ -243,15 +253,17 @@ class StepReport:
 
 
 class BatchDecoder:
-    def __init__(self, target, plugins, pricing: BatchPricing | None = None):
+    def __init__(self, target, plugins, pricing: BatchPricing | None = None, prefix_store: PrefixStore | None = None):
         """
         Args:
             target: the target Engine (plain attention; see `refusal`).
             plugins: (seed, **sampling) -> RowPlugins: fresh per-row plug-ins.
             pricing: the batch's price of a row's draft, from the measured T(B, n) (budget=auto rows plan by it
                 while B > 1); None: each row prices its draft as if alone.
+            prefix_store: where rows start from and keep their prefixes (the Session's); None: none.
         """
         self.target, self.plugins, self.pricing = target, plugins, pricing
+        self.prefix_store = prefix_store
         self.cache = RaggedBatch(len(target.make_cache()))
         self.storage = BatchStorage(self.cache)  # every row's: one forward over the batch, one commit
         self.rows: list[Row] = []
@@ -295,12 +307,19 @@ class BatchDecoder:
             greedy=p.greedy,
             k=k,
         )
-        return admit(self.target, row, row.prompt_ids, self.target.make_cache())
+        hit = None
+        if self.prefix_store is not None:
+            hit = self.prefix_store.lookup(row.prompt_ids, with_drafter_state=not p.drafter.resumes_without_state)
+        if hit is None:
+            return admit(self.target, row, row.prompt_ids, self.target.make_cache())
+        row.draft_resume = hit.drafter_state
+        return admit(self.target, row, row.prompt_ids, hit.cache, fed=hit.tokens)
 
     def join(self, admission: Admission) -> Row:
         """The prefilled request becomes a row of the batch (between steps)."""
         row = cast(Row, admission.row)
         done = admission.admitted(row.since_admission)  # a prompt fed over several steps waited between its chunks
+        self._keep(row, admission.cache)
         row_id = row.row_id = self.cache.add(admission.cache, length=len(row.prompt_ids) - 1)
         kv = row.draft_capture.kv if row.draft_capture is not None else None
         if kv is not None:  # draft=gemma4_assistant: from now on its request's K/V is this row of the batch
@@ -345,6 +364,9 @@ class BatchDecoder:
             asked = next((e for e in s.events if isinstance(e, Drafted) and e.k > 0), None)
             if asked is not None:
                 s.row.rho = RHO_DECAY * s.row.rho + (1 - RHO_DECAY) * bool(asked.draft_ids)
+        for row in self.rows:
+            if row.finished:
+                self._keep(row)  # its prompt and answer, for the request that continues the conversation
         self.remove([row for row in self.rows if row.finished])
         if (
             self.cache.holes() > self.cache.size * 256
@@ -376,6 +398,22 @@ class BatchDecoder:
             row.ended = row.result()
             events.append(row.ended)
         return RowStep(row, pending + events)
+
+    def _keep(self, row: Row, cache: list | None = None) -> None:
+        """The row's context but its newest token into the prefix store: from its solo cache at join, else
+        rebuilt from its row of the batch (a finished row, before it leaves)."""
+        store = self.prefix_store
+        if store is None or len(row.context) < 2:
+            return
+        if cache is None:
+            if row.row_id is None:
+                return
+            cache = self.cache.row_cache(row.row_id, self.target.make_cache())
+            if cache is None:
+                return
+        held = row.context[:-1]
+        state = row.drafter.prefix_state(row.context, len(held)) if row.draft_ready else None
+        store.keep(held, cache, state)
 
 
 def _trim():

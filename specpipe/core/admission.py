@@ -10,7 +10,9 @@ decides where the cache lives afterwards: the lone row keeps it, a batch copies 
 Never steps, never reads a config.
 
 The prompt ids and the cache are values the caller passes: a cache that already holds a prompt's first
-positions (a prefix store's) is fed only the rest (`fed`: the positions it holds).
+positions (a prefix store's, specpipe/prefix/) is fed only the rest (`fed`: the positions it holds); the
+drafter then resumes from `row.draft_resume` where the store kept its state, and reads the recordings of the
+fed positions only (`observe_hidden` from position `fed`). PrefillDone.cached_tokens says how many.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def admit(target, row: Row, prompt_ids: list[int], cache: list, fed: int = 0) ->
         raise ValueError("admit: an empty prompt (at least one token: the first step feeds it)")
     row.detok.reset()
     row.budget.start_request()  # one budget may serve many requests (a session's turns, the server's rows)
-    return Admission(target, row, list(prompt_ids), cache, fed)
+    if not 0 <= fed < len(prompt_ids):
+        raise ValueError(f"admit: {fed} prompt positions already fed of {len(prompt_ids)} (at most all but the last)")
+    return Admission(target, row, list(prompt_ids), cache, fed, reused=fed)
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Admission:
     prompt_ids: list[int]
     cache: list
     fed: int = 0  # prompt tokens in `cache` so far
+    reused: int = 0  # of those, the ones it held when admitted (a prefix store's): never fed here
     seconds: float = 0.0  # spent feeding them (waits between chunks excluded: other rows' steps, a consumer)
     hidden: list = field(default_factory=list)  # the prompt's final hidden states, for a drafter that reads them
     taps: list = field(default_factory=list)  # ... and its decoder-layer taps (draft=eagle3)
@@ -93,12 +98,19 @@ class Admission:
         row = self.row
         s = time.perf_counter()
         if row.draft_ready:
-            row.drafter.prefill(self.prompt_ids)
+            row.prefill_drafter(self.prompt_ids)
         if row.wants_hidden:
-            row.drafter.observe_hidden(0, self.prompt_ids[:-1], joined_rows(self.hidden), joined_rows(self.taps))
+            start = self.reused  # the positions before were recorded with the store's snapshot (draft_resume)
+            hidden, taps = joined_rows(self.hidden), joined_rows(self.taps)
+            row.drafter.observe_hidden(start, self.prompt_ids[start:-1], hidden, taps)
         # a deferred draft model prefills on its row's first drafting step, whose Drafted seconds count it
         draft_s = time.perf_counter() - s if row.draft_ready or row.wants_hidden else 0.0
         t = clock()
         return PrefillDone(
-            t=t, tokens=len(self.prompt_ids), seconds=t, target_seconds=self.seconds, draft_seconds=draft_s
+            t=t,
+            tokens=len(self.prompt_ids),
+            seconds=t,
+            target_seconds=self.seconds,
+            draft_seconds=draft_s,
+            cached_tokens=self.reused,
         )

@@ -10,6 +10,12 @@ row ends (core/finish.py); it reaches each plug-in only through its protocol
 
 Cache invariant: the target cache holds every context token except the
 newest one (`last_id`), which the next verify feeds first.
+
+With a prefix store (specpipe/prefix/, `prefix_store`), the run starts from the
+longest stored prefix of its prompt (prefilling only the rest; the drafter
+resumes from what it kept with it) and keeps the cache twice: once the prompt
+is in, and when the answer ends (not after Ctrl-C), so that the next turn,
+whose prompt holds this one's prompt and answer, finds them.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from specpipe.core.row import Row
 from specpipe.core.step import cut, step
 from specpipe.events import Emitted, Event, PrefillProgress, RunStarted
 from specpipe.metrics import StatsCollector
+from specpipe.prefix.store import Hit, PrefixStore
 
 __all__ = ["RunControl", "SpeculativePipeline", "cut"]  # cut: the batch decoder's too
 
@@ -43,11 +50,13 @@ class SpeculativePipeline:
         bonus: Bonus,
         started: RunStarted | None = None,
         tree=None,
+        prefix_store: PrefixStore | None = None,
     ):
         self.target, self.drafter, self.budget = target, drafter, budget
         self.tree = tree  # tree != chain: the row's TreeParts (trees/proposal.py), else None
         self.comparator, self.rollback, self.bonus = comparator, rollback, bonus
         self.started = started
+        self.prefix_store = prefix_store
         self.cache: list | None = None  # the last run's target cache and context (multi-turn reuse, tests)
         self.context: list[int] = []
         self.rollback.check(target.make_cache(), "target")
@@ -84,7 +93,8 @@ class SpeculativePipeline:
         if self.started is not None:
             yield emit(self.started)
         context = self.context = list(prompt_ids)
-        cache = self.cache = self.target.make_cache()
+        hit = self._lookup(context)
+        cache = self.cache = hit.cache if hit is not None else self.target.make_cache()
         self.drafter.use_rollback(self.rollback)  # a session may hand one drafter to several pipelines
         # an MTP head reads the target's hidden states, an EAGLE-3 head its layer taps
         draft_capture = self.drafter.capture
@@ -105,15 +115,17 @@ class SpeculativePipeline:
             tree=self.tree,
             draft_ready=not deferred,
             draft_capture=draft_capture,
+            draft_resume=hit.drafter_state if hit is not None else None,
         )
         try:
             # ---- admission: the target cache takes the prompt but its last token, a chunk at a time
-            admission = admit(self.target, row, context, cache)
+            admission = admit(self.target, row, context, cache, fed=hit.tokens if hit is not None else 0)
             total = len(context) - 1
             for done in admission.chunks(total):
-                if total > self.target.prefill_chunk:  # a long prompt: say how far it got
+                if total - admission.reused > self.target.prefill_chunk:  # a long prompt: say how far it got
                     yield emit(PrefillProgress(t=clock(), tokens=done, total=total))
             yield emit(admission.admitted(clock))
+            self._keep(row)
             reason = "max_tokens"
             while len(row.output) < max_tokens:
                 signals.check()  # a stop whose KeyboardInterrupt was swallowed ends the run here
@@ -135,4 +147,21 @@ class SpeculativePipeline:
                     break
         except KeyboardInterrupt:
             reason = "interrupted"
+        if reason != "interrupted":  # a step cut short may leave the cache between two lengths
+            self._keep(row)
         yield emit(run_finished(row, collector, reason, clock(), mx.get_peak_memory()))
+
+    def _lookup(self, context: list[int]) -> Hit | None:
+        """The prefix store's longest reusable prefix of the prompt (one whose drafter state the drafter needs)."""
+        if self.prefix_store is None:
+            return None
+        return self.prefix_store.lookup(context, with_drafter_state=not self.drafter.resumes_without_state)
+
+    def _keep(self, row: Row) -> None:
+        """The cache, which holds all of the context but its newest token, into the prefix store, with the
+        drafter's state for those positions (none while its prefill still waits: it read nothing yet)."""
+        if self.prefix_store is None or len(row.context) < 2:
+            return
+        held = row.context[:-1]
+        state = row.drafter.prefix_state(row.context, len(held)) if row.draft_ready else None
+        self.prefix_store.keep(held, row.cache, state)

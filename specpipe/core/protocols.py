@@ -89,6 +89,20 @@ class Drafter(Protocol):
     def prefill(self, prompt_ids: list[int]) -> None:
         """See the prompt once before the first step."""
 
+    # The prefix store (specpipe/prefix/): a request whose target cache starts from a stored prefix hands the
+    # drafter what it kept with that snapshot. False: it cannot read the prompt without that state (a head
+    # fed the target's hidden states of every position), so the target reuses only entries holding it.
+    @property
+    def resumes_without_state(self) -> bool: ...
+
+    def prefix_state(self, context_ids: list[int], length: int) -> Any:
+        """What to keep beside a target snapshot of context_ids[:length] so that a later request resumes from it
+        (a copy: the drafter goes on changing its own); None: nothing (it prefills from the prompt)."""
+
+    def resume(self, prompt_ids: list[int], state: Any) -> None:
+        """`prefill(prompt_ids)` from `state`, which `prefix_state` gave for a prefix of prompt_ids: only the
+        rest is read. Drafts afterwards as after a prefill of the whole prompt."""
+
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         """Propose up to `plan.k` tokens to follow `context_ids` (a free lookup up to `plan.lookup_k`; a model
         chain stops where `plan.chain_stop` says)."""
@@ -148,6 +162,14 @@ class DrafterBase:
 
     def use_rollback(self, strategy: Rollback) -> None:
         pass  # no cache to roll back
+
+    resumes_without_state: bool = True
+
+    def prefix_state(self, context_ids: list[int], length: int) -> Any:
+        return None  # nothing kept: reading the prompt again is cheap (an index, a lookup table)
+
+    def resume(self, prompt_ids: list[int], state: Any) -> None:
+        self.prefill(prompt_ids)  # type: ignore[attr-defined]  # every drafter defines prefill
 
     def rollback(self, kept_len: int) -> int:
         if self.cache is not None:  # a drafter that keeps a cache must say how it rolls it back

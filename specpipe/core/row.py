@@ -58,6 +58,8 @@ class Row:
         alone; the rows of a batch share a batch/storage.py BatchStorage (their `cache` unused).
     row_id: its id in a batch's storage (`RaggedBatch.add`), once it joined; None alone.
     clock: this row's own clock (a batched row's events count from its admission); None: the step's.
+    draft_resume: what the drafter kept with the prefix store's snapshot this request started from (its
+        `resume` takes it in place of `prefill`); None: it prefills from the prompt.
     """
 
     context: list[int]
@@ -81,10 +83,19 @@ class Row:
     storage: Any = None
     row_id: int | None = None
     clock: Callable[[], float] | None = None
+    draft_resume: Any = None
 
     def __post_init__(self) -> None:
         if self.storage is None:
             self.storage = LoneCache(self.cache)
+
+    def prefill_drafter(self, prompt_ids: list[int]) -> None:
+        """The drafter reads the prompt, resuming from the prefix store's state when this request has one."""
+        state, self.draft_resume = self.draft_resume, None
+        if state is not None:
+            self.drafter.resume(prompt_ids, state)
+        else:
+            self.drafter.prefill(prompt_ids)
 
     @property
     def last_id(self) -> int:

@@ -95,7 +95,7 @@ def _prefill_draft(row: Row, clock) -> Generator[Event, None, None]:
     if row.draft_ready:
         return
     s = time.perf_counter()
-    row.drafter.prefill(row.context)
+    row.prefill_drafter(row.context)
     row.draft_ready = True
     yield DraftPrefilled(t=clock(), tokens=len(row.context), seconds=time.perf_counter() - s)
 

@@ -6,9 +6,15 @@ handed back for a forward that fed `token_ids` at cache positions start..,
 dropping anything beyond them, so the tape mirrors the cache: after a
 rollback the next verify overwrites the rejected rows. It never runs a
 model; the pipeline passes it each prefill's and verify's `ForwardResult.hidden`.
+
+`TapeResume` gives the drafters that read a tape (MTP, EAGLE-3, DFlash, a Gemma-4 assistant) their
+prefix-store hooks: the tape's first rows are kept with the target's snapshot (`prefix(n)`), since
+without them the drafter could only get them from another target forward over the prefix.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import mlx.core as mx
 
@@ -45,3 +51,45 @@ class HiddenTape:
     def covers(self, context_ids: list[int], end: int) -> bool:
         """True when the tape holds positions [0, end) of exactly this context."""
         return len(self.tokens) >= end and self.tokens[:end] == context_ids[:end]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(rows.nbytes for _, rows in self._segments if rows is not None)
+
+    def prefix(self, n: int) -> HiddenTape:
+        """A new tape holding copies of positions [0, n) (the prefix store keeps it; this one goes on)."""
+        tape = HiddenTape()
+        tape.tokens = self.tokens[:n]
+        if n:
+            rows = mx.array(self.rows(0, n))
+            mx.eval(rows)
+            tape._segments = [(0, rows)]
+        return tape
+
+    def copy(self) -> HiddenTape:
+        """A tape that later writes to leave this one as it is (the rows themselves are never written)."""
+        tape = HiddenTape()
+        tape.tokens, tape._segments = list(self.tokens), list(self._segments)
+        return tape
+
+
+class TapeResume:
+    """The prefix store's hooks for a drafter reading `self.tape`: its first `length` rows go with the target's
+    snapshot, and a request resuming from that snapshot starts with them (its prompt's later rows arrive through
+    `observe_hidden` from the reused length on). Without them a stored target cache cannot serve it
+    (`resumes_without_state` False): the rows come only from target forwards."""
+
+    tape: HiddenTape
+    resumes_without_state = False
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        raise NotImplementedError  # the drafter's own
+
+    def prefix_state(self, context_ids: list[int], length: int) -> Any:
+        if length < 1 or not self.tape.covers(context_ids, length):
+            return None
+        return self.tape.prefix(length)
+
+    def resume(self, prompt_ids: list[int], state: Any) -> None:
+        self.prefill(prompt_ids)  # a fresh head cache: its first propose reads the pairs off the tape
+        self.tape = state.copy()

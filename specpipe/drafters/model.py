@@ -36,6 +36,7 @@ every step accepts K) prefills before the first step as before.
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import mlx.core as mx
 
@@ -50,6 +51,7 @@ from specpipe.drafters.ngram import MAX_N, NgramDrafter
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture, Engine, same_vocabulary
 from specpipe.errors import SpecpipeError
+from specpipe.prefix.snapshot import NotStorable, restore, take
 
 # The rows a draft head scores by default: the 32k ids most used in code and English text (with the context's,
 # added as they appear); Qwen's 152k-row head shrinks to a fifth (drafters/draft_vocab.py).
@@ -229,7 +231,29 @@ class ModelDrafter(DrafterBase):
     def prefill(self, prompt_ids: list[int]) -> None:
         own = self._cross.prefill(prompt_ids) if self._cross is not None else prompt_ids  # in the draft's tokens
         self.cache = self.engine.make_cache()  # each generation starts clean
-        self.engine.prefill(own[:-1], self.cache)
+        self._read_prompt(prompt_ids, own, 0)
+
+    def prefix_state(self, context_ids: list[int], length: int) -> Any:
+        """A copy of the draft cache over the context's first min(length, cached) positions (the prefix store
+        keeps it with the target's); None for a draft with another tokenizer (its positions count its own
+        tokens: it prefills itself again) or a cache kind the store cannot copy."""
+        n = min(length, self.cached_len)
+        if self._cross is not None or self.cache is None or n < 1:
+            return None
+        try:
+            return take(self.cache, n)
+        except NotStorable:
+            return None
+
+    def resume(self, prompt_ids: list[int], state: Any) -> None:
+        """prefill from a draft snapshot of the prompt's first `state.length` positions: the rest only is fed."""
+        self.cache = restore(state, self.engine.make_cache())
+        self._read_prompt(prompt_ids, prompt_ids, state.length)
+
+    def _read_prompt(self, prompt_ids: list[int], own: list[int], held: int) -> None:
+        """Feed own[held:-1] (the draft's tokens of the prompt; the cache holds the first `held`)."""
+        if len(own) - 1 > held:
+            self.engine.prefill(own[held:-1], self.cache)
         self.cached_len = len(own) - 1
         self._fed = None
         if self._vocab is not None:

@@ -28,13 +28,13 @@ from specpipe.core.plan import StepPlan
 from specpipe.core.protocols import DrafterBase
 from specpipe.core.stages.draft import Draft
 from specpipe.drafters.chain import chain, to_draft
-from specpipe.drafters.hidden_tape import HiddenTape
+from specpipe.drafters.hidden_tape import HiddenTape, TapeResume
 from specpipe.trees.drafting import TreeDraft, top_k_chain
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree
 
 
-class TapeHead(DrafterBase):
+class TapeHead(TapeResume, DrafterBase):
     # engine and cache stay None: the head is not an Engine (it runs beside the target) and its cache is
     # managed here (see the module docstring), not by the rollback stage
     supports_hindsight = True  # the head's guess for emitted tokens costs head forwards only

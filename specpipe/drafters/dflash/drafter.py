@@ -34,7 +34,7 @@ from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.drafters.dflash.layout import load_head
-from specpipe.drafters.hidden_tape import HiddenTape
+from specpipe.drafters.hidden_tape import HiddenTape, TapeResume
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture
 from specpipe.engine.layer_taps import check_layers
@@ -46,7 +46,7 @@ from specpipe.trees.tree import TokenTree
 PROPOSALS = ("sample", "argmax")  # draft.proposal: what a sampled run drafts at each block position
 
 
-class DFlashDrafter(DrafterBase):
+class DFlashDrafter(TapeResume, DrafterBase):
     name = "dflash"
     # engine and cache stay None: the head runs beside the target and keeps its own cache (trimmed here)
     supports_trees = True  # each position's top-k beside the chain (propose_tree)

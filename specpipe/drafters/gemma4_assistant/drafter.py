@@ -23,7 +23,7 @@ from specpipe.core.stages.draft import Draft
 from specpipe.costmodel.weights import weight_bytes
 from specpipe.drafters.chain import chain, to_draft
 from specpipe.drafters.gemma4_assistant.layout import load_assistant
-from specpipe.drafters.hidden_tape import HiddenTape
+from specpipe.drafters.hidden_tape import HiddenTape, TapeResume
 from specpipe.engine import introspect
 from specpipe.engine.engine import Capture
 from specpipe.engine.target_kv import TargetKv
@@ -33,7 +33,7 @@ from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree
 
 
-class Gemma4AssistantDrafter(DrafterBase):
+class Gemma4AssistantDrafter(TapeResume, DrafterBase):
     name = "gemma4_assistant"
     needs_hidden = True
     supports_trees = True  # the assistant's top-k chain (propose_tree)
