@@ -129,6 +129,8 @@ def _task(cfg) -> None:
 
 def _check_values(cfg) -> None:
     """The server's own values (conf/serve.yaml) in range, or one line and exit 2."""
+    if cfg.prefix_wait_tokens < 0:
+        fail(TOOL, f"prefix_wait_tokens={cfg.prefix_wait_tokens}: need 0 (never wait) or more", EXIT_CONFIG)
     if cfg.max_batch < 1 or cfg.max_queue < 1 or cfg.prefill_per_step < 0:
         fail(
             TOOL,
@@ -236,7 +238,14 @@ def _worker(cfg, session, metrics, log_step, log=None):
         prefix_store=session.prefix_store,
     )
     worker = BatchWorker(
-        decoder, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step, log=log
+        decoder,
+        cfg.max_batch,
+        cfg.max_queue,
+        metrics,
+        log_step,
+        prefill_per_step=cfg.prefill_per_step,
+        log=log,
+        prefix_wait_tokens=cfg.prefix_wait_tokens,
     )
     return (
         worker,
