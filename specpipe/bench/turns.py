@@ -244,22 +244,34 @@ def _cell(r: dict) -> str:
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """Per conversation and path: median TTFT of turn 1 and of later turns, their ratio to new-only, answers equal."""
+    """Per workload (doc, short, system: the system-N conversations are one workload, request after request) and
+    path: TTFT of its first request and the median of the later ones, their ratio to new-only, and whether every
+    answer equals the path's own store-off answer (mlx_lm: the chat engine's store-off answer)."""
     lines = []
-    for conv in dict.fromkeys(r["conversation"] for r in rows):
-        mine = [r for r in rows if r["conversation"] == conv]
-        ideal = [r["new_only_s"] for r in mine if "new_only_s" in r and r["turn"] > 1]
+    for group in dict.fromkeys(r["conversation"].split("-")[0] for r in rows):
+        mine = [r for r in rows if r["conversation"].split("-")[0] == group]
+        firsts = {(r["conversation"], r["turn"]) for r in mine}
+        first = min(firsts, key=lambda key: [(r["conversation"], r["turn"]) for r in mine].index(key))
+        ideal = [r["new_only_s"] for r in mine if "new_only_s" in r and (r["conversation"], r["turn"]) != first]
         ideal_med = statistics.median(ideal) if ideal else None
         for path in dict.fromkeys(r["path"] for r in mine):
             runs = [r for r in mine if r["path"] == path]
-            later = [r["ttft_s"] for r in runs if r["turn"] > 1]
-            cell = f"turn 1 {runs[0]['ttft_s']:.2f}s"
+            later = [r["ttft_s"] for r in runs if (r["conversation"], r["turn"]) != first]
+            cell = f"first {runs[0]['ttft_s']:.2f}s"
             if later:
                 med = statistics.median(later)
                 vs = f" = {med / ideal_med:.1f}x new-only" if ideal_med else ""
-                cell += f", later turns median {med:.2f}s{vs}"
-            equal = all(r["same_as_off"] is not False for r in runs)
-            lines.append(f"[turns] {conv} {path}: {cell}, answers equal to store-off: {'yes' if equal else 'NO'}")
+                cell += f", later median {med:.2f}s{vs}"
+            key, against = (
+                ("same_as_off", "store-off")
+                if path.endswith(("-on", "-off"))
+                else (
+                    "same_as_session_off",
+                    "session-off",
+                )
+            )
+            equal = all(r[key] is not False for r in runs)
+            lines.append(f"[turns] {group} {path}: {cell}, answers equal to {against}: {'yes' if equal else 'NO'}")
     return lines
 
 
