@@ -10,9 +10,9 @@ per burst the median time to first token (client clock), the prompt tokens the s
 prefilled, and from `/metrics` before and after the store's hits and misses (one miss: the shared part was
 prefilled once); then the off / on ratio of the medians. Every answer is checked equal between the two servers.
 `memory`: one server with the store on and `prefix_cache.bytes` small; `--requests` requests in turn, each a
-different ~150-token prefix (varied notes, a fixed seed), the server's resident memory (VmRSS) sampled every
-`--every` requests with the store's bytes, entries and evictions. Prints the samples and one summary line (JSON):
-the resident memory of the second half against the first half's peak.
+different prefix (a note of `--words` seeded random words: 110 is about 150 tokens), the server's resident
+memory (VmRSS) sampled every `--every` requests with the store's bytes, entries and evictions. Prints the
+samples and one summary line (JSON): the resident memory of the second half against the first half's peak.
 Loopback only, each request bounded by `--timeout`; the servers it started are stopped at the end.
 """
 
@@ -138,7 +138,14 @@ def varied_prompt(i: int, words: int = 110) -> str:
 
 
 def memory(
-    overrides: list[str], requests: int, store_bytes: int, max_tokens: int, every: int, timeout: float, log=print
+    overrides: list[str],
+    requests: int,
+    store_bytes: int,
+    max_tokens: int,
+    every: int,
+    timeout: float,
+    log=print,
+    words: int = 110,
 ) -> dict:
     """`requests` requests with varied prefixes against a store of `store_bytes`; resident memory over them."""
     servers = {}
@@ -148,7 +155,7 @@ def memory(
         samples = []
         started = time.perf_counter()
         for i in range(requests):
-            stream_chat(port, [{"role": "user", "content": varied_prompt(i)}], max_tokens, timeout)
+            stream_chat(port, [{"role": "user", "content": varied_prompt(i, words)}], max_tokens, timeout)
             if (i + 1) % every == 0 or i == 0:
                 m = metrics(port)
                 sample = {
@@ -187,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--bytes", type=int, default=32 << 20, help="memory: prefix_cache.bytes")
     ap.add_argument("--every", type=int, default=10, help="memory: sample every this many requests")
+    ap.add_argument("--words", type=int, default=110, help="memory: words of each request's varied note")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per request")
     argv = sys.argv[1:] if argv is None else argv
@@ -199,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.sitting == "shared":
         shared(args.overrides, args.clients, args.repeats, args.max_tokens, args.timeout)
     else:
-        memory(args.overrides, args.requests, args.bytes, args.max_tokens, args.every, args.timeout)
+        memory(args.overrides, args.requests, args.bytes, args.max_tokens, args.every, args.timeout, words=args.words)
 
 
 if __name__ == "__main__":
