@@ -76,7 +76,7 @@ def run(
 
     option = "output_dir" if cfg.get("output_dir") else "hydra.run.dir"
     out = claim(out_dir or cfg.get("output_dir") or hydra_output_dir() or "outputs/last", option)
-    session = Session(cfg)
+    session = Session(cfg, reuse=False)  # one run per session: a prefix store could only cost its copies
     prompt_ids = session.encode()
     try:
         writer = EventWriter(out / "events.jsonl")

@@ -12,6 +12,7 @@ there, and the server's batch hands it to its BatchDecoder.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Generator
 
 from omegaconf import DictConfig, OmegaConf
@@ -32,11 +33,12 @@ from specpipe.preflight import check_text
 
 
 class Session:
-    def __init__(self, cfg: DictConfig, target=None):
+    def __init__(self, cfg: DictConfig, target=None, reuse: bool = True):
         """
         Args:
             cfg: the composed config (specpipe/conf/config.yaml).
             target: an already loaded target Engine to reuse (else loaded from cfg.model).
+            reuse: False: no prefix store whatever prefix_cache says (a session that runs one generation).
         """
         from specpipe.engine.load.loader import load_engine, load_target
 
@@ -74,7 +76,9 @@ class Session:
         self.comparator, self.bonus = comparator_and_bonus(cfg, self.sampler)
         engine = self.drafter.engine
         self.draft_info = engine.info if engine is not None and engine is not self.target else None
-        self.prefix_store = prefix_store_for(cfg, self.target)
+        self.prefix_store = prefix_store_for(cfg, self.target) if reuse else None
+        if self.prefix_store is not None and self.drafter.prefix_notice:
+            print(f"specpipe: prefix_cache: {self.drafter.prefix_notice}", file=sys.stderr)
 
     def encode(self, text: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Prompt ids from the config's prompt, a text, or chat messages."""

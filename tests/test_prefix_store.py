@@ -96,6 +96,14 @@ def test_store_takes_the_longest_prefix_cuts_full_kv_and_evicts_least_recently_u
     # the same ids again: all but the last (the first step feeds it)
     assert store.lookup(ids[:30]).tokens == 29
     assert store.stats.hits == 3 and store.stats.tokens_reused == 30 + 25 + 29
+    # a prefix of a stored full-KV entry is a cut of it: not stored twice; a longer one replaces the shorter
+    shorter = engine.make_cache()
+    _fed(engine, ids[:20], shorter)
+    held = store.stats.bytes_held
+    assert store.keep(ids[:20], shorter) and store.stats.entries == 1 and store.stats.bytes_held == held
+    longer = engine.make_cache()
+    _fed(engine, ids[:36], longer)
+    assert store.keep(ids[:36], longer) and store.stats.entries == 1 and store.lookup(ids).tokens == 36
     # bounded in bytes: a second entry that does not fit with the first pushes it out
     one = store.stats.bytes_held
     small = PrefixStore(one + one // 2, engine.make_cache)

@@ -89,6 +89,8 @@ class Figures:
             ("tok/s", f"{s.decode_tok_s:.1f}" if s.decode_tok_s else "-"),
             *([("vs plain", _short(estimate) if estimate.value > 0 else "-")] if speculating else []),
             ("TTFT", f"{s.ttft_s:.2f} s" if s.ttft_s else "-"),
+            # the prompt tokens the prefix store held (an earlier turn's prompt and answer): never prefilled
+            *([("cached", f"{s.cached_tokens} of {s.prompt_tokens} prompt")] if s.cached_tokens else []),
             ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
             *([("K", self._k_shown())] if speculating else []),
             # draft=chain: accepted / drafted per source this answer

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
@@ -49,7 +49,9 @@ from specpipe.core.row import Row as StepRow
 from specpipe.core.step import step as one_step
 from specpipe.events import Drafted, Emitted, Event, RunFinished, Verified
 from specpipe.metrics import StatsCollector
-from specpipe.prefix.store import PrefixStore
+
+if TYPE_CHECKING:  # the store is the Session's; the decoder only calls it
+    from specpipe.prefix.store import PrefixStore
 
 RHO_PRIOR = 0.75  # a new row's drafter is expected to propose on 3 of 4 asked steps (a model drafter: always)
 RHO_DECAY = 0.8

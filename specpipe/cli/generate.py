@@ -174,10 +174,11 @@ def summary_line(result) -> str:
         by = f" by {by}" if result.stop_reason == "interrupted" else f", output cut by {by}"
     plain = getattr(result, "drafter", "") == "none"  # draft=none drafts nothing: no acceptance to state
     acceptance = "" if plain else f" | acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
+    prompt = f"{s.prompt_tokens} tokens{_cached(s)}{_draft_prefill(s)}"
     return (
         f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}){acceptance} | "
         f"{s.tokens_per_forward:.2f} tok/forward | {s.decode_tok_s:.1f} tok/s | "
-        f"TTFT {s.ttft_s:.2f}s | prefill {s.prefill_tok_s:.0f} tok/s ({s.prompt_tokens} tokens{_draft_prefill(s)}) | "
+        f"TTFT {s.ttft_s:.2f}s | prefill {s.prefill_tok_s:.0f} tok/s ({prompt}) | "
         f"KV {s.kv_bytes_per_token / 1024:.1f} KiB/token | p50/p99 {s.latency_ms.p50:.0f}/{s.latency_ms.p99:.0f} ms | "
         f"peak {s.peak_rss_bytes / 2**20:.0f} MiB RSS{_worth(result)} | {result.output_dir}"
     )
@@ -189,6 +190,11 @@ def _worth(result) -> str:
 
     words = phrase(*(getattr(result, f"speedup_{k}", 0.0) for k in ("estimate", "low", "high")))
     return f" | {words}" if words else ""
+
+
+def _cached(s) -> str:
+    """How much of the prompt the prefix store held (prefix_cache): those tokens took no prefill."""
+    return f", {s.cached_tokens} from the prefix store" if s.cached_tokens else ""
 
 
 def _draft_prefill(s) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
@@ -34,7 +35,9 @@ from specpipe.core.row import Row
 from specpipe.core.step import cut, step
 from specpipe.events import Emitted, Event, PrefillProgress, RunStarted
 from specpipe.metrics import StatsCollector
-from specpipe.prefix.store import Hit, PrefixStore
+
+if TYPE_CHECKING:  # the store is the Session's; the driver only calls it
+    from specpipe.prefix.store import Hit, PrefixStore
 
 __all__ = ["RunControl", "SpeculativePipeline", "cut"]  # cut: the batch decoder's too
 

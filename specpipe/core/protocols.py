@@ -94,6 +94,10 @@ class Drafter(Protocol):
     # fed the target's hidden states of every position), so the target reuses only entries holding it.
     @property
     def resumes_without_state(self) -> bool: ...
+    # one line for a session with a prefix store when this drafter cannot resume (it prefills itself whole
+    # each request); "" when it resumes
+    @property
+    def prefix_notice(self) -> str: ...
 
     def prefix_state(self, context_ids: list[int], length: int) -> Any:
         """What to keep beside a target snapshot of context_ids[:length] so that a later request resumes from it
@@ -164,6 +168,7 @@ class DrafterBase:
         pass  # no cache to roll back
 
     resumes_without_state: bool = True
+    prefix_notice: str = ""
 
     def prefix_state(self, context_ids: list[int], length: int) -> Any:
         return None  # nothing kept: reading the prompt again is cheap (an index, a lookup table)

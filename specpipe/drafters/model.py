@@ -144,6 +144,11 @@ class ModelDrafter(DrafterBase):
         # its prefill runs a model: the first token must not wait for it. Not draft.model=self, the self-test
         # whose every step accepts K (a plain first step would break that invariant)
         self.prefill_after_first_token = self.engine is not target
+        if self._cross is not None:  # its cache counts its own tokens of the text: no snapshot by target ids
+            self.prefix_notice = (
+                f"draft.vocab_map={self._cross.method}: the draft model reads each prompt whole (its own tokens "
+                "have no stored prefix); the target still reuses it"
+            )
         self._vocab_seen = 0  # context ids whose rows the draft vocabulary has taken in
         self.cache = self.engine.make_cache()
         self.cached_len = 0

@@ -22,7 +22,7 @@ at no draft cost and offers them `plan.lookup_k` whatever K it gives the models.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from specpipe.core.plan import StepPlan
@@ -68,6 +68,17 @@ def check_sources(sources: Any, tree: str | None = "chain") -> str | None:
 def is_free(source: Drafter) -> bool:
     """Proposing costs no forward: no engine and no cost of its own (n-gram, lookahead)."""
     return source.engine is None and not source.cost_per_token
+
+
+@dataclass(frozen=True)
+class SourceStates:
+    """What each source kept for the prefix store, in source order (None: it prefills)."""
+
+    states: list[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(getattr(st, "nbytes", 0) or 0) for st in self.states)
 
 
 class ChainDrafter(DrafterBase):
@@ -126,6 +137,8 @@ class ChainDrafter(DrafterBase):
         self._classes: dict[tuple[int, int], SourcePrice] = {}
         self.evidence_is_free = any(self.free) and self._primary is not None
         self.prefill_after_first_token = any(s.prefill_after_first_token for s in self.sources)
+        self.resumes_without_state = all(s.resumes_without_state for s in self.sources)
+        self.prefix_notice = "; ".join(s.prefix_notice for s in self.sources if s.prefix_notice)
         self.supports_trees = any(s.supports_trees for s in self.sources)
         # beside a costly source, the look back is the free sources' (a lookup's: budget=auto counts it for
         # its class alone, as draft=ngram's); without one, every source must be able to look back
@@ -185,6 +198,20 @@ class ChainDrafter(DrafterBase):
     def prefill(self, prompt_ids: list[int]) -> None:
         for s in self.sources:
             s.prefill(prompt_ids)
+        self._pending = None
+        self._count_forwards()
+
+    def prefix_state(self, context_ids: list[int], length: int) -> Any:
+        """Every source's own state for the prefix store (None where a source keeps none)."""
+        states = [s.prefix_state(context_ids, length) for s in self.sources]
+        return SourceStates(states) if any(st is not None for st in states) else None
+
+    def resume(self, prompt_ids: list[int], state: Any) -> None:
+        for s, own in zip(self.sources, state.states):
+            if own is not None:
+                s.resume(prompt_ids, own)
+            else:
+                s.prefill(prompt_ids)
         self._pending = None
         self._count_forwards()
 

@@ -107,14 +107,18 @@ class PrefixStore:
             return False
         key = tuple(ids)
         old = self._lru.get(key)
-        if old is not None and drafter_state is None and old.drafter_state is not None:
-            self._lru.move_to_end(key)  # the same positions again: keep the richer entry
+        if old is not None and drafter_state is None:
+            self._lru.move_to_end(key)  # the same positions again: the entry already holds them
             return True
         try:
             snapshot = take(target_cache, len(ids))
         except NotStorable as e:
             self.refusal = str(e)
             return False
+        below = self._trie.walk(ids).below
+        if snapshot.trimmable and drafter_state is None and below is not None and below[1].snapshot.trimmable:
+            self._lru.move_to_end(below[1].ids)  # a longer full-KV entry holds these positions: a cut of it serves
+            return True
         nbytes = snapshot.nbytes + int(getattr(drafter_state, "nbytes", 0) or 0)
         if nbytes > self.max_bytes:
             return False
