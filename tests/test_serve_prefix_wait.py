@@ -41,3 +41,18 @@ def test_requests_sharing_a_joining_prompt_head_wait_and_reuse_it():
     reused = [finished.stats["cached_tokens"] for finished in done]
     assert reused[0] == 0 and min(reused[1:]) >= len(system) - 1, reused
     assert metrics.value("specpipe_prefix_cache_tokens_reused_total") == sum(reused)
+
+
+def test_a_prompt_sharing_only_a_head_with_a_stored_one_is_kept():
+    """Two system prompts' requests: the second shares only the chat template's first tokens with the first
+    (stored), and must still be stored itself, so a third request with its system prompt reuses it."""
+    target = tiny("llama")
+    store = PrefixStore(1 << 30, target.make_cache)
+    first, second = [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9, 9, 9]
+    for ids in (first, second):
+        cache = target.make_cache()
+        target.prefill(ids, cache)
+        assert store.keep(ids, cache)
+    assert store.stats.entries == 2
+    hit = store.lookup([*second, 7, 7])
+    assert hit is not None and hit.tokens == len(second)
