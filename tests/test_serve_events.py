@@ -222,6 +222,7 @@ def test_an_older_server_without_token_ids_is_shown_as_text():
     [
         ("max_batch=0", "need max_batch >= 1"),
         ("prefill_per_step=-1", "prefill_per_step >= 0"),
+        ("prefix_wait_tokens=-1", "prefix_wait_tokens=-1: need 0 (never wait) or more"),
         ("max_queue=0", "max_queue >= 1"),
         ("shutdown_grace_s=-1", "shutdown_grace_s >= 0"),
         ("keep_alive_s=0", "keep_alive_s > 0"),

@@ -13,7 +13,7 @@ from specpipe.events import Verified
 from specpipe.serve.field_shapes import DraftTally
 from tests.test_server import PROMPTS, Server
 
-TIMINGS = {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"}
+TIMINGS = {"cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"}
 TIMINGS |= {"draft_n", "draft_n_accepted"}
 
 
@@ -44,8 +44,12 @@ def test_llama_server_timings_streamed_and_not(server):
         assert TIMINGS <= set(t)
         assert t["draft_n"] == answer["specpipe"]["drafted"] and t["draft_n_accepted"] == answer["specpipe"]["accepted"]
         assert t["predicted_n"] == answer["usage"]["completion_tokens"]
-        assert t["prompt_n"] == answer["usage"]["prompt_tokens"]
+        # llama-server's prompt_n counts the prompt tokens prefilled, cache_n those its cache gave (the second
+        # request here repeats the first: all but its last prompt token come from the prefix store)
+        assert t["prompt_n"] + t["cache_n"] == answer["usage"]["prompt_tokens"]
+        assert t["cache_n"] == answer["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_ms"] > 0 and t["prompt_ms"] > 0
+    assert (whole["timings"]["cache_n"], last["timings"]["prompt_n"]) == (0, 1)
     # greedy and one request at a time: the same drafts, whichever way the answer travelled
     assert whole["timings"]["draft_n_accepted"] == last["timings"]["draft_n_accepted"]
 

@@ -115,7 +115,9 @@ class PrefixStore:
         except NotStorable as e:
             self.refusal = str(e)
             return False
-        below = self._trie.walk(ids).below
+        walk = self._trie.walk(ids)
+        # a longer entry holds these positions only when all of ids run along the trie (not a shared head alone)
+        below = walk.below if walk.matched == len(ids) else None
         if snapshot.trimmable and drafter_state is None and below is not None and below[1].snapshot.trimmable:
             self._lru.move_to_end(below[1].ids)  # a longer full-KV entry holds these positions: a cut of it serves
             return True

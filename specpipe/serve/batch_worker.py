@@ -10,7 +10,10 @@ Each row's events go through its `answer.AnswerStream` (the one delta type
 both workers queue), and its figures are its RunFinished's (metrics.py), not counted here. A full
 queue raises QueueFull (HTTP 429). With no row decoding and nothing queued it times budget=auto's
 long-context curves up to the contexts the rows reached (serve/idle.py), one forward between two looks
-at the queue. Never touches HTTP.
+at the queue. With a prefix store, a request whose prompt shares at least `prefix_wait_tokens` leading
+tokens with a prompt still being prefilled waits (outside the slots) until that one joins and leaves its
+prompt in the store, so clients that arrive together with one system prompt prefill it once. Never
+touches HTTP.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class BatchWorker:
         log_step=None,
         prefill_per_step: int = 0,
         log=None,
+        prefix_wait_tokens: int = 0,
     ):
         """
         Args:
@@ -61,6 +65,8 @@ class BatchWorker:
             log: record -> None (requests.jsonl): what an idle refinement timed.
             prefill_per_step: prompt tokens of joining requests prefilled between two decode steps
                 while other rows are active (0: a joining prompt is prefilled whole, stalling them).
+            prefix_wait_tokens: a request sharing this many leading prompt tokens with a joining one waits
+                for it to join (its prompt is then in the decoder's prefix store); 0 or no store: never waits.
         """
         self.decoder, self.max_batch = decoder, max_batch
         self.metrics = metrics
@@ -68,6 +74,8 @@ class BatchWorker:
         self.prefill_per_step = prefill_per_step
         self._steps = 0
         self._joining: list[tuple[Job, Any, float]] = []  # (job, core.admission.Admission, admitted at)
+        self.prefix_wait_tokens = prefix_wait_tokens if decoder.prefix_store is not None else 0
+        self._held: list[Job] = []  # taken off the queue, waiting for a joining prompt they share (oldest first)
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
@@ -119,7 +127,7 @@ class BatchWorker:
                 self._emit(step)
         for a in list(self._active):
             self._finish(a, "cancelled")
-        for job, _, _ in self._joining:
+        for job in [j for j, _, _ in self._joining] + self._held:
             job.out.put(("error", SHUTTING_DOWN))
         while True:
             try:
@@ -142,12 +150,9 @@ class BatchWorker:
             entry[0].out.put(("done", cancelled_unstarted(entry[0], self.metrics)))  # its handler logs it and returns
             self._count("specpipe_requests_total", status="cancelled")
         while len(self._active) + len(self._joining) < self.max_batch:
-            idle = not self._active and not self._joining
-            try:
-                job = self._jobs.get(timeout=IDLE_POLL_S) if idle else self._jobs.get_nowait()
-            except queue.Empty:
+            job = self._next_job()
+            if job is None:
                 break
-            self._gauge("specpipe_queue_length", self._jobs.qsize())
             if job.cancelled.is_set():
                 job.out.put(("done", cancelled_unstarted(job, self.metrics)))
                 self._count("specpipe_requests_total", status="cancelled")
@@ -159,6 +164,35 @@ class BatchWorker:
                 continue
             self._joining.append((job, joining, time.perf_counter()))
         self._prefill_joining()
+
+    def _next_job(self) -> Job | None:
+        """The oldest held job no joining prompt blocks any more, else the next queued one that none blocks
+        (a blocked one is held: at most `max_batch` are), else None. Blocks only when nothing at all runs."""
+        for job in self._held:
+            if not self._blocked(job):
+                self._held.remove(job)
+                return job
+        while len(self._held) < self.max_batch:
+            idle = not self._active and not self._joining and not self._held
+            try:
+                job = self._jobs.get(timeout=IDLE_POLL_S) if idle else self._jobs.get_nowait()
+            except queue.Empty:
+                return None
+            self._gauge("specpipe_queue_length", self._jobs.qsize())
+            if not self._blocked(job):
+                return job
+            self._held.append(job)
+        return None
+
+    def _blocked(self, job: Job) -> bool:
+        """Whether a joining prompt that is prefilling them itself shares at least `prefix_wait_tokens` leading
+        tokens with this job's: once it joins, the store holds them and this job prefills only the rest."""
+        if not self.prefix_wait_tokens or job.cancelled.is_set():
+            return False
+        n = self.prefix_wait_tokens
+        head = job.prompt_ids[:n]
+        # a joining prompt the store already gave those tokens to blocks nothing: they are stored
+        return len(head) == n and any(j.prompt_ids[:n] == head and a.reused < n for j, a, _ in self._joining)
 
     def _prefill_joining(self) -> None:
         budget = self.prefill_per_step if self._active and self.prefill_per_step > 0 else None

@@ -53,7 +53,7 @@ def _task(cfg) -> None:
     out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
     requests_log, steps_log = JsonlLog(out / "requests.jsonl", TOOL), JsonlLog(out / "steps.jsonl", TOOL)
-    metrics = Metrics()
+    metrics = Metrics(session.prefix_store)
     worker, how = _worker(cfg, session, metrics, steps_log.write, requests_log.write)
     try:
         sock = _bind(cfg.host, cfg.port)
@@ -129,6 +129,8 @@ def _task(cfg) -> None:
 
 def _check_values(cfg) -> None:
     """The server's own values (conf/serve.yaml) in range, or one line and exit 2."""
+    if cfg.prefix_wait_tokens < 0:
+        fail(TOOL, f"prefix_wait_tokens={cfg.prefix_wait_tokens}: need 0 (never wait) or more", EXIT_CONFIG)
     if cfg.max_batch < 1 or cfg.max_queue < 1 or cfg.prefill_per_step < 0:
         fail(
             TOOL,
@@ -229,9 +231,21 @@ def _worker(cfg, session, metrics, log_step, log=None):
         if cfg.max_batch > 1:
             print(f"{TOOL}: {why}; serving one request at a time", file=sys.stderr, flush=True)
         return GenerationWorker(session, max_waiting=cfg.max_queue, metrics=metrics, log=log), "batch 1"
-    decoder = BatchDecoder(session.target, session_plugins(session), pricing=_batch_pricing(cfg, session))
+    decoder = BatchDecoder(
+        session.target,
+        session_plugins(session),
+        pricing=_batch_pricing(cfg, session),
+        prefix_store=session.prefix_store,
+    )
     worker = BatchWorker(
-        decoder, cfg.max_batch, cfg.max_queue, metrics, log_step, prefill_per_step=cfg.prefill_per_step, log=log
+        decoder,
+        cfg.max_batch,
+        cfg.max_queue,
+        metrics,
+        log_step,
+        prefill_per_step=cfg.prefill_per_step,
+        log=log,
+        prefix_wait_tokens=cfg.prefix_wait_tokens,
     )
     return (
         worker,

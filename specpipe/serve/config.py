@@ -26,6 +26,7 @@ class ServeConfig(PipelineGroups):
     max_batch: int = MISSING  # requests decoded together; 1: one at a time
     max_queue: int = MISSING  # waiting requests beyond this get 429
     prefill_per_step: int = MISSING  # prompt tokens of joining requests prefilled between two decode steps
+    prefix_wait_tokens: int = MISSING  # a prompt sharing this many leading tokens with a joining one waits for it
     shutdown_grace_s: float = MISSING  # after SIGTERM, in-flight responses get this long to be written
     keep_alive_s: float = MISSING  # an idle kept-alive connection closes after this long
     access_log: bool = MISSING  # one line per request on the console (method, path, status, id, tokens, time)

@@ -1,7 +1,7 @@
 """An answer's figures in the shapes other servers give them, so front-ends written for those read specpipe's.
 
 Contract: `llama_timings(stats)` is llama-server's `timings` object (tools/server/README.md of llama.cpp:
-prompt_n, prompt_ms, prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
+cache_n, prompt_n, prompt_ms, prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
 predicted_per_token_ms, predicted_per_second, and for a speculative run draft_n / draft_n_accepted);
 `DraftTally` counts one answer's drafts from its Verified events and `speculative_decoding()` gives
 vLLM's per-request summary of them (its SpecDecodingStats counts plus the derived mean acceptance length,
@@ -14,13 +14,15 @@ from specpipe.events import RunStats, Verified
 
 
 def llama_timings(stats: RunStats) -> dict:
-    """llama-server's `timings` for one answer. The prompt side is the prefill (every prompt token: specpipe
-    keeps no prompt cache across requests, so llama-server's `cache_n` would always be 0 and is left out);
-    the predicted side is every generated token over the time from the prefill's end to the last token."""
+    """llama-server's `timings` for one answer. `cache_n`: prompt tokens taken from the prefix store; the
+    prompt side is the prefill of the rest (`prompt_n`: the tokens actually prefilled, as llama-server counts
+    them beside its own cache); the predicted side is every generated token over the time from the
+    prefill's end to the last token."""
     prompt_ms = 1000.0 * stats.prefill_s
     predicted_ms = 1000.0 * max(0.0, stats.wall_s - stats.prefill_s)
-    n, p = stats.generated_tokens, stats.prompt_tokens
+    n, p = stats.generated_tokens, stats.prompt_tokens - stats.cached_tokens
     return {
+        "cache_n": stats.cached_tokens,
         "prompt_n": p,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / p if p else 0.0,

@@ -289,10 +289,13 @@ def delta_fields(delta) -> dict:
 
 
 def usage(finished) -> dict:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix store gave (not
+    prefilled), as OpenAI reports its own prompt caching."""
     return {
         "prompt_tokens": finished.prompt_tokens,
         "completion_tokens": finished.completion_tokens,
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": int(finished.stats.get("cached_tokens", 0))},
     }
 
 

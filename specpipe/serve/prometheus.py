@@ -2,6 +2,8 @@
 
 Contract: the worker thread and the HTTP layer call `count`, `set`, `observe`, `emitted`;
 `value` reads a counter or gauge back; `render()` returns the exposition text (`CONTENT_TYPE`).
+`Metrics(store)` also exposes the session's prefix store (`STORE_HELP`: hits, misses, tokens reused,
+evictions, bytes and entries held), read from its `stats` at each scrape, so nothing counts twice.
 Each `Metrics` has its own registry (a test may hold several); thread-safe (prometheus_client's
 locks). The metric names and help texts are the API dashboards read: keep them stable. No HTTP.
 """
@@ -14,6 +16,8 @@ from collections import deque
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_WINDOW_S = 10.0  # tok/s is the tokens emitted over the last 10 s
@@ -38,12 +42,45 @@ HELP = {
     "specpipe_request_seconds": ("histogram", "Request received to last token."),
 }
 LABELS = {"specpipe_requests_total": ("status",)}
+# the prefix store's figures (specpipe/prefix/store.py StoreStats field -> metric)
+STORE_HELP = {
+    "specpipe_prefix_cache_hits_total": ("counter", "hits", "Prompts that started from a stored prefix."),
+    "specpipe_prefix_cache_misses_total": ("counter", "misses", "Prompts that found no stored prefix."),
+    "specpipe_prefix_cache_tokens_reused_total": (
+        "counter",
+        "tokens_reused",
+        "Prompt tokens taken from the prefix store instead of prefilled.",
+    ),
+    "specpipe_prefix_cache_evictions_total": (
+        "counter",
+        "evictions",
+        "Stored prefixes dropped to keep within prefix_cache.bytes (least recently used first).",
+    ),
+    "specpipe_prefix_cache_bytes": ("gauge", "bytes_held", "Bytes of cache snapshots the prefix store holds."),
+    "specpipe_prefix_cache_entries": ("gauge", "entries", "Prefixes the prefix store holds."),
+}
 
 prometheus_client.disable_created_metrics()  # *_created timestamps per series: noise for this server
 
 
+class StoreCollector(Collector):
+    """The prefix store's `stats`, read at each scrape (the store keeps the counts; nothing is copied)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        stats = self.store.stats
+        for name, (kind, field, text) in STORE_HELP.items():
+            if kind == "counter":  # prometheus_client adds the _total suffix itself
+                yield CounterMetricFamily(name.removesuffix("_total"), text, value=getattr(stats, field))
+            else:
+                yield GaugeMetricFamily(name, text, value=getattr(stats, field))
+
+
 class Metrics:
-    def __init__(self):
+    def __init__(self, prefix_store=None):
+        """`prefix_store`: the session's (its figures join the exposition); None: the store is off."""
         self.registry = CollectorRegistry(auto_describe=True)
         self._metrics: dict = {}
         for name, (kind, text) in HELP.items():
@@ -54,6 +91,8 @@ class Metrics:
                 self._metrics[name] = Gauge(name, text, labels, registry=self.registry)
             else:
                 self._metrics[name] = Histogram(name, text, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
+        if prefix_store is not None:
+            self.registry.register(StoreCollector(prefix_store))
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
 
