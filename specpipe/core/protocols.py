@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     from specpipe.trees.drafting import TreeDraft
     from specpipe.trees.shape import TreeShape
     from specpipe.trees.tree import TokenTree
+    from specpipe.trees.verify import TreeVerdict
 
 
 # ---------------------------------------------------------------- draft
@@ -309,6 +310,11 @@ class Comparator(Protocol):
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
         """`logits`: [k + 1, vocab] from the verify stage."""
+
+    def compare_tree(
+        self, tree: TokenTree, logits: mx.array, draft: TreeDraft | None = None, argmax_ids: list[int] | None = None
+    ) -> TreeVerdict:
+        """A verified token tree's accepted path by the same rule; `logits`: [n + 1, vocab] (row 0 the root)."""
 
 
 class Rollback(Protocol):
