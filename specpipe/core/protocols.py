@@ -248,6 +248,10 @@ class Budget(Protocol):
         """The verify cost curve by cache length it prices by (auto), which an idle refinement times further;
         None where it prices nothing."""
 
+    @property
+    def verify_curve(self) -> dict[int, float] | None:
+        """T(n)/T(1) as it prices verifies now, once prepared (auto); None where it prices nothing."""
+
 
 class BudgetBase:
     """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor.
@@ -297,6 +301,10 @@ class BudgetBase:
     @property
     def context_curve(self) -> ContextCurve | None:
         return None  # K is not priced by cache length
+
+    @property
+    def verify_curve(self) -> dict[int, float] | None:
+        return None  # K is not priced by a verify's cost
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus
