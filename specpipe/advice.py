@@ -27,7 +27,9 @@ FEW_SHARED_IDS = 0.05
 
 def few_shared_tokens(drafter) -> str:
     """The warning for a draft model mapped onto the target's tokens through few shared ids, else ""."""
-    cross = getattr(drafter, "token_map", None)
+    from specpipe.drafters.model import ModelDrafter  # the one drafter with a token map
+
+    cross = drafter.token_map if isinstance(drafter, ModelDrafter) else None
     if cross is None:
         return ""
     rows = cross.vmap.target_rows
@@ -110,10 +112,10 @@ def default_prior() -> float:
 
 def warnings(target, drafter, budget, mlx_device: str) -> list[str]:
     """Every warning that applies to this session (each one line, without the `specpipe: warning: ` prefix)."""
+    from specpipe.budgets.fixed import FixedBudget
     from specpipe.costmodel.worth import cached_ratio
 
     out = [slow_on_cpu(mlx_device, target.info.precision), few_shared_tokens(drafter)]
-    if not out[0] and getattr(budget, "name", "") == "fixed":  # budget=auto falls back to plain by itself
-        hint = getattr(drafter, "cost_per_token", None)
-        out.append(draft_cannot_pay(drafter.name, hint, int(getattr(budget, "k", 0)), cached_ratio(target)))
+    if not out[0] and isinstance(budget, FixedBudget):  # budget=auto falls back to plain by itself
+        out.append(draft_cannot_pay(drafter.name, drafter.cost_per_token, budget.k, cached_ratio(target)))
     return [w for w in out if w]

@@ -139,6 +139,10 @@ class AutoBudgetConfig(PluginConfig):
     # the prior acceptance rate: Beta(2a, 2(1-a)) needs 0 < a < 1 (-1 made complex numbers, 1e300 a 0 division)
     prior_alpha: float = ranged(0, 1, "the prior acceptance rate, e.g. 0.5", low_open=True, high_open=True)
     quick: bool = MISSING  # calibrate 7 points (vs 33) when the device has no cached curve
+    # drafting that returned under this share of plain's speed stops, but for probes
+    loss_margin: float = ranged(0, 1, "a share of plain's speed, e.g. 0.97", low_open=True)
+    # a longer draft testing a thin continuation may be priced this share of the best one
+    explore_cost: float = ranged(0, 1, "a share of the best draft's speed-up, e.g. 0.9", low_open=True)
 
 
 @dataclass

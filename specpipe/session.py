@@ -70,7 +70,7 @@ class Session:
 
         self.warnings = warnings(self.target, self.drafter, self.budget, device().get("mlx_device", ""))
         self.rollback: Rollback = build_plugin(cfg.rollback, "rollback")
-        self.tree = tree_for(cfg, self.target, self.drafter, self.sampler, self.budget)  # None: chains
+        self.tree = tree_for(cfg, self.target, self.drafter, self.budget)  # None: chains
         self.comparator: Comparator
         self.bonus: Bonus
         self.comparator, self.bonus = comparator_and_bonus(cfg, self.sampler)
@@ -201,7 +201,7 @@ def check_supported(cfg: DictConfig) -> None:
         )
 
 
-def tree_for(cfg: DictConfig, target, drafter, sampler, budget=None):
+def tree_for(cfg: DictConfig, target, drafter, budget=None):
     """The rows' tree parts (specpipe/trees/proposal.py) when tree != chain, else None (chains);
     `budget` sizes each tree (trees/budget.py). Refuses a target or drafter without trees in one line."""
     from specpipe.trees.budget import TreeGains
@@ -212,4 +212,4 @@ def tree_for(cfg: DictConfig, target, drafter, sampler, budget=None):
     if shape is None or drafter.name == "none":  # nothing drafted: plain decoding, as with tree=chain
         return None
     gains = TreeGains(float(cfg.tree.min_gain), float(cfg.tree.thin_gain))
-    return tree_parts(target, drafter, shape, sampler, budget, gains)
+    return tree_parts(target, drafter, shape, budget, gains)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = sorted((ROOT / "specpipe" / "budgets").glob("*.py"))
 SOURCES = sorted((ROOT / "specpipe").rglob("*.py")) + sorted((ROOT / "tui").rglob("*.py"))
@@ -62,3 +64,54 @@ def test_the_drivers_reach_a_budget_through_its_protocol_not_by_probing():
                 if "budget" in probed:
                     found.append(f"{_where(path, node)}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
+
+
+PLUGIN_SOURCES = [
+    path
+    for part in ("budgets", "drafters", "rollbacks", "trees", "costmodel", "core/stages")
+    for path in sorted((ROOT / "specpipe" / part).rglob("*.py"))
+] + [ROOT / "specpipe" / "advice.py"]
+KINDS = ("budget", "drafter", "rollback", "comparator", "bonus", "kv_policy")
+
+
+def cross_plugin_reads(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of each read of another plug-in's attributes a protocol does not declare: probing it
+    (`getattr(budget, ...)`, `hasattr(drafter, ...)`), its private members (`budget._rates`, `x._drafter`) or a
+    drafter's per-step state (`drafter.last_evidence`), where the object is not `self`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            if node.args and any(kind in ast.unparse(node.args[0]) for kind in KINDS):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute):
+            owner = ast.unparse(node.value)
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            other = owner != "self" and any(kind in owner for kind in KINDS)
+            if node.attr == "_drafter" or (other and (private or node.attr.startswith("last_"))):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_plugin_reads_another_plugins_attributes():
+    """Plug-ins (and the start-of-run advice) reach each other through the protocols' members only: what a
+    budget learns comes in the Draft, what a cost needs through `Budget.verify_curve` / `draft_cost`."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {expr}"
+        for path in PLUGIN_SOURCES
+        for line, expr in cross_plugin_reads(path.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'ok = getattr(budget, "calibrated", False)',
+        'hasattr(self.drafter, "token_map")',
+        "rates = self.budget._rates",
+        "d = self._drafter",
+        "e = row.drafter.last_evidence",
+    ],
+)
+def test_the_cross_plugin_check_catches_each_form(line):
+    assert cross_plugin_reads(line), line

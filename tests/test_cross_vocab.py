@@ -241,7 +241,7 @@ def tree_run(target, drafter, shape, prompt, max_tokens, sampler=None, comparato
         comparator or GreedyComparator(),
         TrimRollback(),
         bonus or GreedyBonus(),
-        tree=tree_parts(target, drafter, shape, sampler),
+        tree=tree_parts(target, drafter, shape),
     )
     return list(pipe.run(prompt, max_tokens, stop_ids=set()))
 

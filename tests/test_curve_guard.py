@@ -133,6 +133,6 @@ def test_the_estimate_prices_auto_runs_by_the_saved_curve(engine, monkeypatch):
 
     monkeypatch.setattr(cal, "time_forwards", timer(GOOD))
     saved = verify_cost_curve(engine)["ratio"]
-    loaded = SimpleNamespace(calibrated=True, c=0.0, ratio={n: 3.0 * r for n, r in saved.items()})
+    loaded = SimpleNamespace(draft_cost=0.0, verify_curve={n: 3.0 * r for n, r in saved.items()})
     drafter = SimpleNamespace(cost_per_token=None, engine=None)
     assert calibrated_costs(loaded, engine, drafter) == (saved, 0.0)

@@ -74,7 +74,7 @@ def test_an_argmax_proposal_drafts_each_positions_best_with_no_q(small_vocab):
 def sampled_pairs(target, folder, sampler, prompt, shape=None, proposal="sample") -> Counter:
     """The first two tokens of N_RUNS seeded runs drafted by the head (chains of 2, or trees of `shape`)."""
     drafter = DFlashDrafter(target, folder, sampler=sampler, proposal=proposal)
-    tree = tree_parts(target, drafter, shape, sampler) if shape is not None else None
+    tree = tree_parts(target, drafter, shape) if shape is not None else None
     pipe = SpeculativePipeline(
         target, drafter, FixedBudget(k=2), RejectionComparator(sampler=sampler), TrimRollback(),
         SampledBonus(sampler=sampler), tree=tree,

@@ -152,7 +152,7 @@ def small_vocab(tmp_path_factory):
 def sampled_pairs(target, folder, sampler, prompt, shape=None) -> Counter:
     """The first two tokens of N_RUNS seeded runs drafted by the head (chains of 2, or trees of `shape`)."""
     drafter = Eagle3Drafter(target, folder, sampler=sampler, layers=[1, 2, 3])
-    tree = tree_parts(target, drafter, shape, sampler) if shape is not None else None
+    tree = tree_parts(target, drafter, shape) if shape is not None else None
     pipe = SpeculativePipeline(
         target,
         drafter,

@@ -41,7 +41,7 @@ def small_vocab(tmp_path_factory):
 def sampled_pairs(target, folder, sampler, prompt, shape=None) -> Counter:
     """The first two tokens of N_RUNS seeded runs drafted by the assistant (chains of 2, or trees of `shape`)."""
     drafter = Gemma4AssistantDrafter(target, folder, sampler=sampler)
-    tree = tree_parts(target, drafter, shape, sampler) if shape is not None else None
+    tree = tree_parts(target, drafter, shape) if shape is not None else None
     pipe = SpeculativePipeline(
         target, drafter, FixedBudget(k=2), RejectionComparator(sampler=sampler), TrimRollback(),
         SampledBonus(sampler=sampler), tree=tree,

@@ -73,7 +73,7 @@ class OracleMtp(MtpDrafter):
 def tree_run(target, drafter, shape, prompt, max_tokens, sampler=None, budget=None):
     """(ids, events, pipeline) of a tree run; `budget` sizes the trees (None: the shape alone)."""
     gains = TreeGains(min_gain=0.03, thin_gain=0.10)  # conf/tree/dynamic.yaml's
-    step = tree_parts(target, drafter, shape, sampler, budget, gains)
+    step = tree_parts(target, drafter, shape, budget, gains)
     pipe = SpeculativePipeline(
         target, drafter, budget or FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree=step
     )

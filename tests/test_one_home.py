@@ -60,6 +60,18 @@ def test_forget_defaults_to_one_value():
     assert cfg.budget.forget == FORGET == AutoBudget().forget
 
 
+def test_auto_budget_defaults_are_its_yaml():
+    """Each AutoBudget constructor default is conf/budget/auto.yaml's value (the YAML is the home; a default
+    that drifted would change what scripts and tests that build AutoBudget() measure)."""
+    import inspect
+
+    packaged = _packaged("budget/auto")
+    params = inspect.signature(AutoBudget).parameters
+    keys = set(packaged) - {"defaults", "_target_", "name"}
+    assert keys == set(params), keys ^ set(params)
+    assert {k: params[k].default for k in keys} == {k: packaged[k] for k in keys}
+
+
 def _packaged(name: str) -> dict:
     return yaml.safe_load((ROOT / "specpipe" / "conf" / f"{name}.yaml").read_text())
 

@@ -99,7 +99,36 @@ def test_the_readme_has_commands():
     assert len(readme_commands()) >= 25
 
 
-@pytest.mark.parametrize("line", readme_commands())
+def plugin_variants(lines: list[str]) -> set[str]:
+    """The lines that only choose other plug-ins for a command an earlier line already runs with overrides
+    (`specpipe draft=none`, `specpipe budget=adaptive`, ...), except a documented prerequisite's: the default
+    run composes each of them in this process (the check `specpipe` makes before loading anything) and runs
+    them for real under `-m statistical`; what a real run of each adds, its plug-in generating tokens, the
+    plug-ins' own tests do in-process (test_lossless, test_kv, test_trees, test_budgets, test_sampling)."""
+    seen, variants = set(), set()
+    for line in lines:
+        words, _ = _argv(line) if not line.startswith("eval ") else ([], None)
+        if not words or words[0] not in ("specpipe", "specpipe-bench"):
+            continue
+        overrides_only = all("=" in w and not w.startswith("-") for w in words[1:])
+        prerequisite = any(key in line.split("#")[0] for key in PREREQUISITE)
+        if overrides_only and not prerequisite:
+            (variants if words[0] in seen else seen).add(line if words[0] in seen else words[0])
+    return variants
+
+
+VARIANTS = plugin_variants(readme_commands())
+
+
+@pytest.mark.parametrize("line", sorted(VARIANTS))
+def test_readme_plugin_variant_composes(line):
+    words, _ = _argv(line)
+    assert compose(words) is None, f"{line}: {compose(words)}"
+
+
+@pytest.mark.parametrize(
+    "line", [pytest.param(ln, marks=[pytest.mark.statistical] if ln in VARIANTS else []) for ln in readme_commands()]
+)
 def test_readme_line_runs_as_written(line, workdir):
     folder, run = workdir
     line = re.sub(r"outputs/(\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d|<date>/<time>)", str(run), line)

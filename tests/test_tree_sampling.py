@@ -122,6 +122,28 @@ def test_the_docstring_example():
     np.testing.assert_allclose(emitted_by_a_drawn_node(p, q, 2), p, atol=1e-12)
 
 
+def test_each_sampling_comparator_settles_a_tree_by_its_own_rule():
+    """compare=match reaches trees through the plug-in: a child drawn from q with p(x) = q(x) = 0.5 is always
+    kept by rejection sampling (min(1, p / q) = 1) but only with p(x) = 0.5 by the match rule; a rejected
+    match still emits a draw of p, never the child's token."""
+    from specpipe.core.stages.compare import MatchComparator
+    from specpipe.trees.drafting import TreeDraft
+
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    logits = mx.log(mx.array(np.stack([p, [1.0, 0, 0, 0]]) + 1e-12, dtype=mx.float32))  # [root, node 0]
+    tree = TokenTree()
+    tree.add(0, -1)
+    tree.drawn[()] = Drawn(q=[0.5, 0.0, 0.0, 0.5], order=[0])
+    draft = TreeDraft(tree)
+    kept = {}
+    for rule, comparator in (("rejection", RejectionComparator), ("match", MatchComparator)):
+        compare = comparator(sampler=Sampler(temperature=1.0, seed=5)).compare_tree
+        verdicts = [compare(tree, logits, draft) for _ in range(400)]
+        kept[rule] = sum(v.path == [0] for v in verdicts)
+        assert all(v.next_id in (1, 2) for v in verdicts if not v.path)
+    assert kept["rejection"] == 400 and 150 < kept["match"] < 250, kept
+
+
 BROKEN = {
     "residual from p": ("_residual", lambda p, q: p),
     "unnormalised residual": ("_residual", lambda p, q: np.maximum(p - q, 0.0)),
@@ -260,7 +282,7 @@ def sampled_tree_pairs(target, draft, sampler, prompt, shape) -> Counter:
         RejectionComparator(sampler=sampler),
         rollback,
         SampledBonus(sampler=sampler),
-        tree=tree_parts(target, drafter, shape, sampler),
+        tree=tree_parts(target, drafter, shape),
     )
     counts = Counter()
     for seed in range(N_RUNS):

@@ -299,17 +299,22 @@ def test_tree_rejection_sampling_keeps_the_target_distribution(broken):
         assert tv < 0.03, tv
 
 
-def test_sampled_tree_run_is_seeded_and_reproducible(setup):
+@pytest.mark.parametrize("rule", ["rejection", "match"])
+def test_sampled_tree_run_is_seeded_and_reproducible(setup, rule):
+    """Each sampling comparator settles trees by its own rule (Comparator.compare_tree), seeded."""
     from specpipe.core.sampling import Sampler
+    from specpipe.core.stages.bonus import SampledBonus
+    from specpipe.core.stages.compare import MatchComparator, RejectionComparator
 
     target, _, prompt, _ = setup
     runs = []
     for _ in range(2):
         sampler = Sampler(temperature=0.8, seed=3)
         drafter = make_drafter("ngram", target)
-        step = tree_parts(target, drafter, SHAPES["dynamic"], sampler)
+        step = tree_parts(target, drafter, SHAPES["dynamic"])
+        comparator = {"rejection": RejectionComparator, "match": MatchComparator}[rule](sampler=sampler)
         pipe = SpeculativePipeline(
-            target, drafter, FixedBudget(k=4), GreedyComparator(), TrimRollback(), GreedyBonus(), tree=step
+            target, drafter, FixedBudget(k=4), comparator, TrimRollback(), SampledBonus(sampler=sampler), tree=step
         )
         runs.append(list(pipe.run(prompt, 24, stop_ids=set()))[-1].token_ids)
         assert pipe.cache[0].offset == len(pipe.context) - 1

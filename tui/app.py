@@ -4,8 +4,9 @@ Takes a source (tui/sources.py: live Session or recorded events) in its
 constructor, optionally the events of an earlier chat to continue
 (`history`) and a first message to send. A thread worker iterates the source
 and posts batches of events; the UI thread turns them into styled answers
-and live figures. Stopping and K changes go through the pipeline's
-RunControl, never into its internals. Below 100 columns the side panel moves
+and live figures. Stopping and K changes go through a RunControl
+(specpipe/core/plan.py, a value the driver reads between steps), never into
+the pipeline's internals; nothing here imports mlx (tests/test_layering.py). Below 100 columns the side panel moves
 under the chat (the screen gets the `-narrow` class).
 """
 

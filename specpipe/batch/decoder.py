@@ -118,7 +118,7 @@ def session_plugins(session):
         budget.prepare(session.target, drafter)  # budget=auto: the device's curves, cached since the session's
         comparator, bonus = comparator_and_bonus(cfg, sampler)
         rollback = build_plugin(cfg.rollback, "rollback")
-        tree = tree_for(cfg, session.target, drafter, sampler, budget)  # its own tree sizer, from its budget
+        tree = tree_for(cfg, session.target, drafter, budget)  # its own tree sizer, from its budget
         return RowPlugins(drafter, comparator, bonus, sampler.greedy, budget, rollback, tree)
 
     return plugins

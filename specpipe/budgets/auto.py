@@ -23,7 +23,7 @@ import msgspec
 from specpipe.budgets import rates
 from specpipe.budgets.costs import Costs
 from specpipe.budgets.fixed import K_MAX
-from specpipe.budgets.policy import FREE, LOSS_MARGIN, LOSS_STEPS, AutoPolicy
+from specpipe.budgets.policy import FREE, LOSS_STEPS, AutoPolicy
 from specpipe.budgets.prefill_price import PrefillPrices, choose_prefill
 from specpipe.budgets.rates import CARRY_TRIALS, FORGET, Rates
 from specpipe.core.plan import DraftPrefill, StepPlan
@@ -37,7 +37,7 @@ from specpipe.events import BudgetDecision
 if TYPE_CHECKING:
     from specpipe.core.stages.draft import Draft
 
-__all__ = ["CARRY_TRIALS", "FREE", "LOSS_MARGIN", "AutoBudget"]
+__all__ = ["CARRY_TRIALS", "FREE", "AutoBudget"]
 
 # The window a draft model may read instead of the whole prompt when draft.context leaves it open, and the
 # share of the whole prompt's saving that window is priced to keep: on questions over an 800-token document a
@@ -61,6 +61,8 @@ class AutoBudget(AutoPolicy, BudgetBase):
         prior_alpha: float = 0.5,
         quick: bool = True,
         probe_max: int = 64,
+        loss_margin: float = 0.97,
+        explore_cost: float = 0.9,
     ):
         if not 1 <= k_max <= K_MAX:
             raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
@@ -73,7 +75,12 @@ class AutoBudget(AutoPolicy, BudgetBase):
                 f"budget.probe_every={probe_every}, budget.probe_max={probe_max}: need 1 <= probe_every <= probe_max"
             )
         self.k_max, self.probe_every, self.probe_k, self.forget = k_max, probe_every, probe_k, forget
+        if not 0.0 < loss_margin <= 1.0 or not 0.0 < explore_cost <= 1.0:
+            raise SpecpipeError(
+                f"budget.loss_margin={loss_margin}, budget.explore_cost={explore_cost}: use shares in (0, 1]"
+            )
         self.probe_max, self.quick = probe_max, quick
+        self.loss_margin, self.explore_cost = loss_margin, explore_cost
         self.lookup_k = k_max  # a model drafter's free lookup drafts up to k_max; fit sizes it by its class
         self.rates, self.costs = Rates(forget, prior_alpha), Costs(forget)
         self._probe_wait = 1  # plain steps before the next probe: the first K = 0 decision probes at once
@@ -161,6 +168,10 @@ class AutoBudget(AutoPolicy, BudgetBase):
     @property
     def calibrated(self) -> bool:
         return bool(self.costs.base)
+
+    @property
+    def verify_curve(self) -> dict[int, float] | None:
+        return dict(self.costs.ratio) if self.calibrated else None
 
     def at_context(self, cache_len: int) -> None:
         self.costs.at_context(cache_len)

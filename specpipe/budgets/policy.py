@@ -12,11 +12,18 @@ and `costs` (budgets/costs.py), which budgets/auto.py's AutoBudget feeds from ea
   (`hindsight`) looks back instead: every plain step where that is free, else on the probe schedule.
 - Evidence classes: a free drafter is asked for k_max tokens where some class pays, and `fit` sizes the
   draft by its own class; a thin continuation is tested one token further (`_longer`).
-- Loss guard: once drafting returned under LOSS_MARGIN of plain's speed, steps stay plain but for probes.
+- Loss guard: once drafting returned under `loss_margin` of plain's speed, steps stay plain but for probes.
 - Short answers: a probe is bought only where the answer's expected remaining tokens (`expected_left`, set
   by auto.py each plan) can repay what it is expected to lose, on the optimistic rates (`_repays`).
 - Chain stop: a model drafter stops inside K where the chance its chain holds returns less than the step's
   rate S per unit of cost (drafters/chain.py ChainStop).
+
+The user's knobs are conf/budget/auto.yaml's (`loss_margin`, `explore_cost` beside K's and the probes'). The
+constants below are not a user's choice: FREE says when a cost rounds to nothing (a look back that costs
+a hundredth of a step is taken every plain step rather than scheduled), LOSS_STEPS is the weight of
+evidence `realized` needs before it can be told from noise, a property of the estimator, not a preference,
+and PROBE_HOPE is the least saving a probe is bought to look for (its job is to notice text that changed,
+which no measured rate predicts).
 """
 
 from __future__ import annotations
@@ -32,9 +39,7 @@ from specpipe.drafters.chain import ChainStop
 from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a draft or look back cheaper than this share of a target step is free: taken on every plain step
-EXPLORE_COST = 0.9  # a longer draft that tests a thin continuation may be priced this share of the best one
 LOSS_STEPS = 5.0  # drafting steps' worth of this run's timings (forgotten) before `realized` is judged
-LOSS_MARGIN = 0.97  # drafting that returned under this share of plain's speed stops, but for probes
 # a probe hopes to find at least this saving per later token, even where the optimistic rates promise none (its
 # job is to notice text that changed): what `_repays` weighs a probe's loss against over the answer's rest
 PROBE_HOPE = 0.05
@@ -47,6 +52,8 @@ class AutoPolicy:
     probe_k: int
     probe_every: int
     probe_max: int
+    loss_margin: float  # drafting that returned under this share of plain's speed stops, but for probes
+    explore_cost: float  # a longer draft that tests a thin continuation may be priced this share of the best one
     lookup_k: int
     rates: Rates
     costs: Costs
@@ -159,9 +166,9 @@ class AutoPolicy:
 
     @property
     def lost(self) -> bool:
-        """Drafting returned under LOSS_MARGIN of plain's speed on this run: steps stay plain but for probes."""
+        """Drafting returned under `loss_margin` of plain's speed on this run: steps stay plain but for probes."""
         realized = self.costs.realized(LOSS_STEPS)
-        return realized is not None and realized < LOSS_MARGIN
+        return realized is not None and realized < self.loss_margin
 
     # ---------------------------------------------------------------- pricing
 
@@ -206,14 +213,14 @@ class AutoPolicy:
 
     def _longer(self, k: int, alpha: float, g: float, nxt: list[float], c: float) -> int:
         """k + 1 where a continuation `nxt` of under THIN_TRIALS trials pays better at its optimistic value
-        and the point rates price k + 1 within EXPLORE_COST of k's (and above plain); else k. One token
+        and the point rates price k + 1 within `explore_cost` of k's (and above plain); else k. One token
         further, not to the optimistic peak: a held token thickens the evidence, a long draft lost costs
         steps. Thicker evidence is not explored."""
         hopeful = optimistic(nxt)
         if k == 0 or sum(nxt) >= THIN_TRIALS or hopeful <= g:
             return k
         ratio = self.costs.ratio
-        floor = max(1.0, EXPLORE_COST * expected_speedup(alpha, k, c, ratio, g))
+        floor = max(1.0, self.explore_cost * expected_speedup(alpha, k, c, ratio, g))
         near = [m for m in range(1, self.k_max + 1) if expected_speedup(alpha, m, c, ratio, g) >= floor]
         hoped = {m: expected_speedup(alpha, m, c, ratio, hopeful) for m in near}
         return max(k, min(k + 1, max(hoped, key=lambda m: (hoped[m], -m))))

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     from specpipe.trees.drafting import TreeDraft
     from specpipe.trees.shape import TreeShape
     from specpipe.trees.tree import TokenTree
+    from specpipe.trees.verify import TreeVerdict
 
 
 # ---------------------------------------------------------------- draft
@@ -290,6 +291,10 @@ class Budget(Protocol):
         """The verify cost curve by cache length it prices by (auto), which an idle refinement times further;
         None where it prices nothing."""
 
+    @property
+    def verify_curve(self) -> dict[int, float] | None:
+        """T(n)/T(1) as it prices verifies now, once prepared (auto); None where it prices nothing."""
+
 
 class BudgetBase:
     """Defaults for the optional hooks: no calibration, no decision log, no look back, no confidence floor.
@@ -340,6 +345,10 @@ class BudgetBase:
     def context_curve(self) -> ContextCurve | None:
         return None  # K is not priced by cache length
 
+    @property
+    def verify_curve(self) -> dict[int, float] | None:
+        return None  # K is not priced by a verify's cost
+
 
 # ---------------------------------------------------------------- compare, rollback, bonus
 
@@ -352,6 +361,11 @@ class Comparator(Protocol):
 
     def compare(self, draft: Draft, logits: mx.array) -> Verdict:
         """`logits`: [k + 1, vocab] from the verify stage."""
+
+    def compare_tree(
+        self, tree: TokenTree, logits: mx.array, draft: TreeDraft | None = None, argmax_ids: list[int] | None = None
+    ) -> TreeVerdict:
+        """A verified token tree's accepted path by the same rule; `logits`: [n + 1, vocab] (row 0 the root)."""
 
 
 class Rollback(Protocol):

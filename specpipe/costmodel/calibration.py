@@ -10,6 +10,10 @@ the cached curve, else from itself made non-decreasing, in memory only); the
 cache keeps the better-conditioned of the cached and the new curve.
 `specpipe-calibrate` prints the curve and the predicted speed-up per K at several
 acceptance rates and saves a PNG plot.
+
+The constants (the points timed, the context they are timed at, samples per point, attempts) say how a
+timing is taken, not a user's choice: they trade a curve's noise against the seconds it costs once per device
+(`budget.quick` picks the 7-point or the 33-point set).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Contract: `measured_check(cfg, target, tokens, repeats)` runs both, greedy, on t
 drafted run's own steps (costmodel/worth.py: each step's tokens over K·c + T(K+1)/T(1), from the curve the
 calibration just cached) beside the measured decode tok/s over plain's, and whether both made the same tokens.
 It writes no run folder and times nothing but the two generations.
+
+CLOSE is how the check reads agreement, not a user's choice: fixed so two machines' checks compare.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ times and caches the curves (specpipe-calibrate, off any request). Timing needs 
 attention layer's cache is filled with random keys and values of the wanted length, because a
 forward's cost depends on how many positions it attends to, not on what they hold. It never
 touches a run's cache.
+
+The constants (the lengths timed, the bucket a curve is shared over, the context-length model's read
+coefficients) are properties of the cost model, not a user's choice: a run reads the curves, it never tunes them.
 """
 
 from __future__ import annotations

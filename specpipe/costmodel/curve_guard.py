@@ -6,6 +6,8 @@ Timings within NOISE or JITTER_S of each other are equal. `noise(samples)` is a 
 quiet machine); `keep_cached(cached, new)` says whether the
 cached curve is the better-conditioned one; `monotone(ratio)` is the curve a failed timing is still planned from
 in memory (never saved). Nothing here times or writes anything.
+
+NOISE, MAX_SPREAD and JITTER_S describe a timer on a shared machine, not a user's choice.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Each length it finishes is merged into the file `context_curves` caches, and `cu
 next step read it. It fills a cache of its own and never touches a run's. Which lengths: once a request's
 context passed FIRST_CONTEXT / 2, those of CONTEXTS up to the first one at or past the longest context the
 curve was asked for, shortest first: ahead of the chat's growth, and never a 16k cache for short turns.
+
+REPEATS matches calibration.py's rule (the fastest of a few timings); it is not a user's choice.
 """
 
 from __future__ import annotations

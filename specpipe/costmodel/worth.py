@@ -14,6 +14,8 @@ prefill in it): a long prompt with a short answer can lose end to end what decod
 summary line and the chat show the same): a 90% range from resampling the run's own steps (how sure its
 acceptance is), widened by the curve's timing noise when a curve priced it; `phrase` words it
 (`~1.6x (1.4-1.8) vs plain (estimated)`), or says it has no range.
+
+RESAMPLES and MIN_DRAFTING_STEPS are the statistics of the estimate's range, not a user's choice.
 """
 
 from __future__ import annotations
@@ -145,16 +147,17 @@ def phrase(value: float, low: float = 0.0, high: float = 0.0) -> str:
 def calibrated_costs(budget, target, drafter) -> tuple[dict[int, float] | None, float | None]:
     """(T(n)/T(1), c) without timing anything: the target's cached curve (budget=auto: else the budget's own, as
     prepare calibrated it) and the budget's draft cost or one known without a timing; (None, None) when none."""
-    if getattr(budget, "calibrated", False) and getattr(budget, "c", None) is not None:  # budget=auto
+    own_curve = budget.verify_curve  # budget=auto, prepared
+    if own_curve is not None:
         # the device's saved curve before the budget's own: auto corrects its curve by this run's verify timings,
         # which move with other processes' load, and the estimate should move with what was accepted
-        return cached_ratio(target) or dict(budget.ratio), float(budget.c)
+        return cached_ratio(target) or own_curve, float(budget.draft_cost)
     ratio = cached_ratio(target)
     if ratio is None:
         return None, None
     if drafter.cost_per_token is not None:
         return ratio, float(drafter.cost_per_token)
-    engine = getattr(drafter, "engine", None)
+    engine = drafter.engine
     if engine is None:
         return ratio, 0.0  # model-free drafters (n-gram, lookahead)
     if engine is target:

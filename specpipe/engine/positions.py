@@ -19,7 +19,7 @@ whose `make_mask` returns this forward's mask for that layer and whose `offset` 
 position (an int, or one per row: mlx's rope takes a vector). Only when a row's positions are not
 consecutive (a tree) is each attention layer's `rope` child replaced, on this model instance and for
 this forward only, by `PerTokenRope` (mlx's rope takes one offset per batch row, so each token
-becomes its own row), then put back (tests/test_seam.py checks that this is the only such swap).
+becomes its own row), then put back (module swaps live in engine/ only: tests/test_seam.py fails on one anywhere else).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The tree half of the one step (core/step.py): a row whose drafts are token trees.
 
-Contract: `tree_parts(target, drafter, shape, sampler, budget, gains)` refuses (SpecpipeError, one line naming
+Contract: `tree_parts(target, drafter, shape, budget, gains)` refuses (SpecpipeError, one line naming
 tree=chain) targets and drafters that cannot do trees and returns the row's TreeParts. Per step,
 `propose_tree_row(row, room, clock)` plans (the tree sizer, trees/budget.py), asks the drafter for scored
 candidates, cuts them to the shape, the budget and `room`, and yields the Drafted event; the one forward
-scores [last_id, *nodes] (trees/forward.py); `TreeProposal.settle` picks the accepted path, hands a drafter
+scores [last_id, *nodes] (trees/forward.py); `TreeProposal.settle` picks the accepted path through the
+row's comparator plug-in (`Comparator.compare_tree`: its rule on a tree, trees/verify.py), hands a drafter
 that `needs_hidden` the root's and the path's hidden states, compacts the target cache to root + path (a
 plain sequence again: the step's cache invariant) and rolls the drafter back to what of its chain the path
 confirmed, yielding Verified and RolledBack.
@@ -27,7 +28,6 @@ from specpipe.trees.drafting import TreeDraft
 from specpipe.trees.forward import tree_refusal
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree
-from specpipe.trees.verify import compare_tree
 
 if TYPE_CHECKING:
     from specpipe.core.row import Row
@@ -36,15 +36,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class TreeParts:
-    """What a row needs to draft trees: the shape, its sizer (None: the shape alone decides) and the
-    sampler of a sampled run (None: greedy)."""
+    """What a row needs to draft trees: the shape and its sizer (None: the shape alone decides)."""
 
     shape: TreeShape
     sizer: TreeSizer | None = None
-    sampler: Any = None
 
 
-def tree_parts(target, drafter, shape: TreeShape, sampler=None, budget=None, gains=None) -> TreeParts:
+def tree_parts(target, drafter, shape: TreeShape, budget=None, gains=None) -> TreeParts:
     """A row's tree parts, or SpecpipeError (one line naming tree=chain) for a target or drafter without trees.
 
     `budget` sizes each tree (trees/budget.py) with `gains` (TreeGains, conf/tree's min_gain / thin_gain);
@@ -67,7 +65,7 @@ def tree_parts(target, drafter, shape: TreeShape, sampler=None, budget=None, gai
     if budget is not None and gains is None:
         raise ValueError("tree_parts: a budget sizes trees with gains (TreeGains from tree.min_gain / thin_gain)")
     sizer = TreeSizer(budget, shape, free=free, gains=gains) if budget is not None else None
-    return TreeParts(shape, sizer, sampler if sampler is not None and not sampler.greedy else None)
+    return TreeParts(shape, sizer)
 
 
 @dataclass
@@ -93,8 +91,7 @@ class TreeProposal:
         tree, drafter, context = self.tree, row.drafter, row.context
         logits, hidden, taps = result.logits, result.hidden, result.layer_hidden
         argmax_ids = mx.argmax(logits, axis=-1).tolist()  # [n + 1]: greedy's path, lookahead's window
-        assert row.tree is not None, "a tree proposal comes from a row with tree parts"
-        verdict = compare_tree(tree, logits, row.tree.sampler, self.draft, argmax_ids)
+        verdict = row.comparator.compare_tree(tree, logits, self.draft, argmax_ids)
         path_ids = [tree.tokens[i] for i in verdict.path]
         kept_rows = [0] + [i + 1 for i in verdict.path]  # root first, then the path
         if row.draft_capture is not None:
@@ -140,7 +137,7 @@ class TreeProposal:
             draft_dropped=draft_drop,
             seconds=time.perf_counter() - s,
         )
-        sizer = row.tree.sizer
+        sizer = row.tree.sizer if row.tree is not None else None
         if sizer is not None:
             sizer.observe(tree, verdict.path, self.draft_s, verify_s, self.forwards)
         return path_ids + [verdict.next_id], len(path_ids)

@@ -1,12 +1,15 @@
 """Comparison on a token tree: the accepted root-to-leaf path and the target's token after it.
 
-Contract: `compare_tree(tree, logits, sampler, draft)` is the one entry point a step calls: greedy
-(`pick_path`, the path of the target's argmaxes) when the run is greedy, else recursive rejection
-sampling (`pick_path_sampled`) with each node's children verified as drawn from the drafter's q
-where the drafter drew them (`draft.candidates.drawn`, trees/drafting.drawn_chain) and as point
-masses otherwise (n-gram, lookahead). Greedy is lossless by construction: every accepted token is
-the argmax after its own path, which is what decoding without a draft emits. Sampling is exact: the
-emitted tokens follow the target's distribution (below). Nothing here runs a model.
+Contract: the rules a comparator plug-in (core/stages/compare.py, `Comparator.compare_tree`) settles a
+tree by. `compare_tree(tree, logits, sampler, draft)`: greedy (`pick_path`, the path of the target's
+argmaxes) when the run is greedy, else recursive rejection sampling (`pick_path_sampled`, compare=rejection)
+with each node's children verified as drawn from the drafter's q where the drafter drew them
+(`draft.candidates.drawn`, trees/drafting.drawn_chain) and as point masses otherwise (n-gram, lookahead).
+`match_tree` is compare=match's rule (mlx-lm's): sample the target at each node of the path, follow the
+child holding that token. Greedy is lossless by construction: every accepted token is the argmax after its
+own path, which is what decoding without a draft emits. Both sampling rules are exact: the emitted tokens
+follow the target's distribution (below; for match, each emitted token is a draw of p after its path).
+Nothing here runs a model.
 
 Greedy worked example: tree tokens [5, 7, 9], parents [-1, 0, 0]; argmax per row [5, 9, 1, 8]: the
 root's argmax 5 is node 0, node 0's argmax 9 is node 2, node 2 (row 3) has no children -> path [0, 2],
@@ -92,19 +95,36 @@ def compare_tree(tree: TokenTree, logits: mx.array, sampler, draft=None, argmax_
     )
 
 
-def pick_path(tree: TokenTree, argmax_ids: list[int]) -> TreeVerdict:
+def match_tree(tree: TokenTree, logits: mx.array, sampler) -> TreeVerdict:
+    """compare=match on a tree: at each node of the path sample y ~ p (the target's processed probabilities
+    after the path), follow the child whose token is y, else emit y. Exact for any tree and any drafter
+    (every emitted token is a draw of p), and accepts a child x with p(x), never the min(1, p(x) / q(x)) of
+    rejection sampling: lower acceptance, as for a chain.
+
+    Args:
+        tree: the verified nodes (children unique per parent).
+        logits: [n + 1, vocab] the target's logits per fed row (row 0: the root, node i at row i + 1).
+        sampler: the run's specpipe.core.sampling.Sampler (its key stream draws y).
+    """
+    probs = sampler.probs(logits)  # [n + 1, vocab]
+    return pick_path(tree, lambda row: int(sampler.sample(probs[row : row + 1]).item()))
+
+
+def pick_path(tree: TokenTree, argmax_ids: list[int] | Callable[[int], int]) -> TreeVerdict:
     """The accepted path.
 
     Args:
         tree: the verified nodes (children unique per parent: TokenTree.add deduplicates).
-        argmax_ids: [n + 1] the target's argmax per fed row.
+        argmax_ids: [n + 1] the target's argmax per fed row, or row -> the target's token there (match_tree's
+            draws, asked only along the path).
     """
     children: dict[int, dict[int, int]] = {}
     for i, (tok, parent) in enumerate(zip(tree.tokens, tree.parents)):
         children.setdefault(parent, {})[tok] = i
+    token_at = argmax_ids if callable(argmax_ids) else argmax_ids.__getitem__
     node, path = -1, list[int]()
     while True:
-        want = argmax_ids[node + 1]
+        want = token_at(node + 1)
         nxt = children.get(node, {}).get(want)
         if nxt is None:
             return TreeVerdict(path=path, next_id=want, bonus=node not in children)

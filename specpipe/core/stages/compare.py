@@ -10,16 +10,24 @@ position n (the *recovered* token). Three rules:
 - match (mlx-lm's rule): sample y ~ p at every position, accept while y
   equals the draft: also exact, but accepts with Σ p·q instead of Σ min(p, q).
 A drafter without probabilities (n-gram) is a point mass q = onehot(x).
+A token tree settles through the same plug-in: `compare_tree(tree, logits, draft, argmax_ids)` returns the
+accepted path by the same rule (trees/verify.py: the argmax path, recursive rejection sampling, or match).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from specpipe.core.protocols import Comparator  # noqa: F401  (the protocol, with the other kinds')
 from specpipe.core.stages.draft import Draft
+from specpipe.trees.verify import TreeVerdict, compare_tree, match_tree
+
+if TYPE_CHECKING:
+    from specpipe.trees.drafting import TreeDraft
+    from specpipe.trees.tree import TokenTree
 
 
 @dataclass
@@ -50,6 +58,12 @@ class GreedyComparator:
         target_ids = mx.argmax(logits[:k], axis=-1).tolist()
         n = first_false([t == d for t, d in zip(target_ids, draft.token_ids)])
         return Verdict(accepted=n, recovered_id=target_ids[n] if n < k else None)
+
+    def compare_tree(
+        self, tree: TokenTree, logits: mx.array, draft: TreeDraft | None = None, argmax_ids: list[int] | None = None
+    ) -> TreeVerdict:
+        """The path of the target's argmaxes; `logits`: [n + 1, vocab], `argmax_ids` when the caller has them."""
+        return compare_tree(tree, logits, None, draft, argmax_ids)
 
 
 # ---------------------------------------------------------------- rejection sampling
@@ -99,6 +113,12 @@ class SampledComparator:
     def judge(self, draft_ids: list[int], p: mx.array, q: mx.array, overlap: list[float]) -> Verdict:
         raise NotImplementedError
 
+    def compare_tree(
+        self, tree: TokenTree, logits: mx.array, draft: TreeDraft | None = None, argmax_ids: list[int] | None = None
+    ) -> TreeVerdict:
+        """Recursive rejection sampling down the tree (trees/verify.py); the argmax path at temperature 0."""
+        return compare_tree(tree, logits, self.sampler, draft, argmax_ids)
+
 
 class RejectionComparator(SampledComparator):
     """Leviathan / Chen speculative sampling; lossless for any drafter."""
@@ -126,3 +146,11 @@ class MatchComparator(SampledComparator):
         target_ids = self.sampler.sample(p).tolist()
         n = first_false([t == d for t, d in zip(target_ids, draft_ids)])
         return Verdict(accepted=n, recovered_id=target_ids[n] if n < len(draft_ids) else None, overlap=overlap)
+
+    def compare_tree(
+        self, tree: TokenTree, logits: mx.array, draft: TreeDraft | None = None, argmax_ids: list[int] | None = None
+    ) -> TreeVerdict:
+        """The same rule on a tree: sample the target at each node of the path, follow the child holding it."""
+        if self.sampler.greedy:
+            return compare_tree(tree, logits, None, draft, argmax_ids)
+        return match_tree(tree, logits, self.sampler)
