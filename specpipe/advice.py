@@ -105,7 +105,7 @@ def break_even(k: int, c: float, ratio: dict[int, float]) -> float:
 
 def default_prior() -> float:
     """budget=auto's prior acceptance, read from its packaged YAML (one source for the figure)."""
-    from specpipe.config_groups import group_option
+    from specpipe.config.config_groups import group_option
 
     return float(group_option("budget", "auto")["prior_alpha"])
 

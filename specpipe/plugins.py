@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
+from specpipe.config.plugin_targets import check_target
 from specpipe.errors import ConfigError
-from specpipe.plugin_targets import check_target
 
 # group -> runtime objects the session offers a plug-in of that kind (by constructor parameter name)
 RUNTIME: dict[str, frozenset[str]] = {

@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.batch.decoder import BatchDecoder, session_plugins
 from specpipe.drafters.mtp_head import new_head, save_head
 from specpipe.events import Drafted, RunFinished
-from specpipe.session import Session
+from specpipe.run.session import Session
 
 TEXTS = [
     "the cat sat on the mat, the cat sat on the",

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.batch.costs import CostTable
 from specpipe.batch.decoder import BatchDecoder, session_plugins
 from specpipe.batch.pricing import BatchPricing, RowRates
 from specpipe.events import Drafted, RunFinished
-from specpipe.session import Session
+from specpipe.run.session import Session
 
 TEXTS = ["the cat sat on the mat, the cat sat on the mat, the cat sat on the", "ab ab ab ab ab ab ab ab ab"]
 MAX_TOKENS = [40, 12]  # the second row leaves early: the first then steps alone, priced by its own curve

@@ -16,7 +16,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 import specpipe.bench.measure as bench_measure
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.bench.harness import run_bench
 from specpipe.bench.records import (
     config_hash,

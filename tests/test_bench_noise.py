@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 import specpipe.bench.measure as measure
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.bench.harness import run_bench
 from specpipe.bench.noise import suspect
 from specpipe.bench.report import geomean, verdicts, write_report

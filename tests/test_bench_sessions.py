@@ -10,7 +10,7 @@ import json
 import pytest
 from hydra import compose, initialize_config_module
 
-import specpipe.config  # noqa: F401  (registers the schemas and resolvers)
+import specpipe.config.schema  # noqa: F401  (registers the schemas and resolvers)
 from specpipe.bench.harness import run_bench
 from specpipe.bench.sessions import packaged_path, session_prompts, suite_text
 from specpipe.errors import SpecpipeError

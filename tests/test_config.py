@@ -9,7 +9,7 @@ import pytest
 from conftest import CONF_DIR, tiny
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401
+import specpipe.config.schema  # noqa: F401
 from specpipe.cli.argv import validate_overrides
 from specpipe.core.plan import StepPlan
 from specpipe.errors import SpecpipeError

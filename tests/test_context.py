@@ -11,12 +11,12 @@ import sys
 import pytest
 from hydra import compose, initialize_config_module
 
-import specpipe.config  # noqa: F401  (registers the schemas the YAML extends)
+import specpipe.config.schema  # noqa: F401  (registers the schemas the YAML extends)
 from specpipe.engine.context import check_room, overflow_message
 from specpipe.engine.kv import WindowKV
 from specpipe.errors import SpecpipeError
 from specpipe.events import RunFinished
-from specpipe.session import Session
+from specpipe.run.session import Session
 
 TINY_CONTEXT = 48
 

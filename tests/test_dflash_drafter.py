@@ -14,7 +14,7 @@ import pytest
 from conftest import ROLLBACKS, generate, make_drafter
 from dflash_tiny import config, random_weights, write, write_drafter
 
-import specpipe.config  # noqa: F401  (registers the schemas the packaged config reads)
+import specpipe.config.schema  # noqa: F401  (registers the schemas the packaged config reads)
 from specpipe.budgets.fixed import FixedBudget
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import StepPlan

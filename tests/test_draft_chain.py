@@ -14,10 +14,11 @@ import pytest
 from conftest import CONF_DIR, first_difference, noisy_copy, prepared, run_module, tiny
 from hydra import compose, initialize_config_dir
 
-import specpipe.config  # noqa: F401  (the schemas and the resolvers compose needs)
+import specpipe.config.schema  # noqa: F401  (the schemas and the resolvers compose needs)
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget
-from specpipe.config_groups import group_option
+from specpipe.config.config_groups import group_option
+from specpipe.config.preflight import check_config
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import StepPlan
 from specpipe.core.sampling import Sampler
@@ -27,7 +28,6 @@ from specpipe.drafters.model import ModelDrafter
 from specpipe.drafters.none import NoneDrafter
 from specpipe.drafters.sources import ChainDrafter, check_sources
 from specpipe.events import Drafted, Event, RunFinished
-from specpipe.preflight import check_config
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.trim import TrimRollback
 
@@ -203,7 +203,7 @@ def test_a_chain_under_auto_looks_back_on_plain_steps_and_stays_lossless(monkeyp
 
 def test_the_run_header_names_the_chains_sources(capsys):
     from specpipe.cli.generate import TerminalPrinter
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     overrides = ["model=tiny-random", "draft=chain", "draft.sources=[ngram,layerskip]", "draft.layerskip.depth=1"]
     with initialize_config_dir(version_base=None, config_dir=CONF_DIR):

@@ -12,8 +12,9 @@ import pytest
 from conftest import CONF_DIR, first_difference, make_drafter, noisy_copy, tiny
 from hydra import compose, initialize_config_dir
 
-import specpipe.config  # noqa: F401  (the schemas compose needs)
+import specpipe.config.schema  # noqa: F401  (the schemas compose needs)
 from specpipe.budgets.fixed import FixedBudget
+from specpipe.config.preflight import check_config
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import StepPlan
 from specpipe.core.stages.bonus import GreedyBonus
@@ -22,7 +23,6 @@ from specpipe.drafters.draft_window import DraftWindow
 from specpipe.drafters.model import ModelDrafter
 from specpipe.errors import SpecpipeError
 from specpipe.events import RunFinished
-from specpipe.preflight import check_config
 from specpipe.rollbacks.checkpoint import CheckpointRollback
 from specpipe.rollbacks.trim import TrimRollback
 

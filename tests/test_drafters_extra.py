@@ -11,7 +11,7 @@ from conftest import CONF_DIR, first_difference, generate, make_drafter, tiny
 from hydra import compose, initialize_config_dir
 from mlx.utils import tree_flatten
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.budgets.auto import AutoBudget
 from specpipe.core.pipeline import SpeculativePipeline
 from specpipe.core.plan import StepPlan

@@ -10,7 +10,7 @@ import pytest
 from conftest import generate, make_drafter
 from eagle3_tiny import head_config, random_weights, write
 
-import specpipe.config  # noqa: F401  (registers the schemas and resolvers the packaged config reads)
+import specpipe.config.schema  # noqa: F401  (registers the schemas and resolvers the packaged config reads)
 from specpipe.core.plan import StepPlan
 from specpipe.core.sampling import Sampler
 from specpipe.drafters.eagle3.drafter import Eagle3Drafter

@@ -11,7 +11,7 @@ import pytest
 from conftest import CONF_DIR, generate, make_drafter
 from hydra import compose, initialize_config_dir
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.drafters.eagle3.drafter import Eagle3Drafter
 from specpipe.engine.load.loader import load_engine
 from specpipe.errors import SpecpipeError

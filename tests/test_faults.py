@@ -108,7 +108,7 @@ def test_concurrent_runs_into_one_folder(tmp_path):
 
 
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
-    from specpipe.run_folder import claim_fresh, release
+    from specpipe.run.run_folder import claim_fresh, release
 
     a = claim_fresh(tmp_path / "12-00-00")
     b = claim_fresh(tmp_path / "12-00-00")  # the default folder's name is the same within one second
@@ -126,7 +126,7 @@ def test_unwritable_run_folder(tmp_path):
 
 def test_read_only_run_folder(tmp_path):
     from specpipe.errors import ConfigError
-    from specpipe.run_folder import claim
+    from specpipe.run.run_folder import claim
 
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -207,9 +207,9 @@ class FullDisk:
 def test_injected_enospc_keeps_whole_lines_and_the_summary(tmp_path, monkeypatch, room):
     from hydra import compose, initialize_config_module
 
-    import specpipe.config  # noqa: F401
-    from specpipe import runner
+    import specpipe.config.schema  # noqa: F401
     from specpipe.events import EventWriter
+    from specpipe.run import runner
 
     class FillingWriter(EventWriter):
         def __init__(self, path):
@@ -402,9 +402,9 @@ def test_a_signal_inside_the_override_check_is_a_stop_not_a_bad_configuration(mo
     143). The check holds signals back per job and stops once that job's check ends."""
     from hydra.errors import ConfigCompositionException
 
-    import specpipe.plugin_targets
-    from specpipe import signals
+    import specpipe.config.plugin_targets
     from specpipe.cli.argv import validate_overrides
+    from specpipe.run import signals
 
     def check_targets_hit_by_a_signal(cfg):
         try:
@@ -413,7 +413,7 @@ def test_a_signal_inside_the_override_check_is_a_stop_not_a_bad_configuration(mo
             raise ConfigCompositionException("") from None
         return None
 
-    monkeypatch.setattr(specpipe.plugin_targets, "check_targets", check_targets_hit_by_a_signal)
+    monkeypatch.setattr(specpipe.config.plugin_targets, "check_targets", check_targets_hit_by_a_signal)
     previous = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     signals.install()
     try:
@@ -747,8 +747,8 @@ def schema_keys() -> list[tuple[str, str, str, str]]:
     from hydra import compose, initialize_config_module
     from omegaconf import DictConfig, OmegaConf
 
-    import specpipe.config  # noqa: F401
-    from specpipe.snapshot import packaged_defaults
+    import specpipe.config.schema  # noqa: F401
+    from specpipe.config.snapshot import packaged_defaults
 
     kinds = {"int": "int", "int | None": "int", "float": "float", "float | None": "float"}
     kinds |= {"str": "str", "str | None": "str"}
@@ -803,10 +803,10 @@ def test_every_numeric_option_fails_cleanly_or_runs(case, value):
     one line from the run, or a run. Runs only the specpipe app's keys on tiny-random, two tokens each."""
     from hydra import compose, initialize_config_module
 
-    import specpipe.config  # noqa: F401
+    import specpipe.config.schema  # noqa: F401
     from specpipe.cli.argv import validate_overrides
     from specpipe.errors import SpecpipeError
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     app, choice, key, kind = case
     if kind == "int" and isinstance(value, float) and math.isfinite(value) and abs(value) < 2**70:

@@ -117,8 +117,8 @@ def test_yaml_that_is_not_plain_data_is_one_line(tmp_path, kind):
     """Aliases that expand to gigabytes, a key given twice, nesting past 32 levels: refused in a preset, a run
     folder's snapshot and a chat recording's config, naming the file and the line."""
     from specpipe.cli.argv import validate_overrides
+    from specpipe.config.snapshot import read_snapshot_text
     from specpipe.errors import ConfigError
-    from specpipe.snapshot import read_snapshot_text
 
     body, words = NOT_DATA[kind]
     path = preset(tmp_path / "c", body)

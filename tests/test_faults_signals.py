@@ -17,7 +17,7 @@ from test_faults import ENV, error_line
 
 SWALLOWED = """
 import os, signal, time
-from specpipe import signals
+from specpipe.run import signals
 signals.install()
 try:
     os.kill(os.getpid(), signal.SIGTERM)

@@ -128,7 +128,7 @@ def test_an_assistant_of_another_size_is_refused(tmp_path):
 def test_draft_gemma4_assistant_composes_and_builds(tmp_path, setup):
     from hydra import compose, initialize
 
-    import specpipe.config  # noqa: F401  (registers the schemas)
+    import specpipe.config.schema  # noqa: F401  (registers the schemas)
     from specpipe.plugins import build_plugin
 
     target, prompt, baseline = setup

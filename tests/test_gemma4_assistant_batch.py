@@ -21,7 +21,7 @@ from specpipe.engine.engine import Capture
 from specpipe.engine.target_kv import TargetKv
 from specpipe.errors import SpecpipeError
 from specpipe.events import Drafted
-from specpipe.session import Session
+from specpipe.run.session import Session
 
 TEXTS = [
     LONG_PROMPT + " and the cat",  # 67 ids, past the window already; 40 more tokens (no stop id among them)

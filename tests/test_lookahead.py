@@ -85,7 +85,7 @@ def test_lookahead_through_hydra_needs_a_tree():
     from test_trees import _compose
 
     from specpipe.errors import ConfigError
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     with pytest.raises(ConfigError, match="tree=dynamic") as err:
         Session(_compose(["model.name=no-such-model", "draft=lookahead"]))

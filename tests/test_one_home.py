@@ -13,7 +13,7 @@ import pytest
 import yaml
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.bench.report import tune_pays_at, winner
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget

@@ -13,7 +13,7 @@ from test_faults import ENV, error_line
 
 from specpipe.advice import few_shared_tokens, warnings
 from specpipe.cli.argv import validate_overrides
-from specpipe.preflight import NO_DRAFT_MODEL
+from specpipe.config.preflight import NO_DRAFT_MODEL
 
 
 def specpipe(args: list[str], cwd, env=None) -> subprocess.CompletedProcess:

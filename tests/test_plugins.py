@@ -16,11 +16,11 @@ from conftest import CONF_DIR
 from omegaconf import MISSING, OmegaConf
 
 import specpipe
+from specpipe.config.preflight import check_config
 from specpipe.core import protocols
 from specpipe.errors import ConfigError
 from specpipe.plugins import RUNTIME, build_plugin, check_plugin_keys, config_parameters, plugin_class
-from specpipe.preflight import check_config
-from specpipe.session import check_supported
+from specpipe.run.session import check_supported
 
 PROTOCOLS = {
     "draft": protocols.Drafter,
@@ -183,7 +183,7 @@ def _words(text: str) -> set[str]:
 
 
 def test_the_schema_modules_are_found():
-    assert {"specpipe.config", "specpipe.serve.config", "specpipe.tune.config"} <= set(schema_modules())
+    assert {"specpipe.config.schema", "specpipe.serve.config", "specpipe.tune.config"} <= set(schema_modules())
 
 
 @pytest.mark.parametrize("module", schema_modules())

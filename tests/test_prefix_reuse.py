@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.batch.decoder import BatchDecoder, session_plugins
 from specpipe.events import RunFinished
-from specpipe.session import Session
+from specpipe.run.session import Session
 
 ARCHS = ["llama", "qwen3", "gemma3_text", "qwen3_next", "mamba2"]
 DRAFTS = {"none": ["draft=none"], "ngram": ["draft=ngram"], "model": ["draft=model", "draft.model=tiny-random"]}
@@ -175,7 +175,7 @@ def test_the_summary_line_the_run_folder_and_the_chat_panel_say_what_the_store_h
 )
 def test_bad_prefix_cache_values_give_one_line(override, words):
     from specpipe.cli.argv import validate_overrides
-    from specpipe.preflight import check_config
+    from specpipe.config.preflight import check_config
 
     message = validate_overrides([override])
     if message is None:  # well-typed: the range check before anything loads says it
@@ -374,7 +374,7 @@ def test_the_budget_prices_the_real_cache_length_after_a_reuse(monkeypatch):
 def test_the_one_shot_command_keeps_no_store(tmp_path, monkeypatch):
     """`specpipe "prompt"` runs one generation: a store could only add its copies to the run's memory."""
     from specpipe.prefix.store import PrefixStore
-    from specpipe.runner import run
+    from specpipe.run.runner import run
 
     def no_copies(*_args, **_kwargs):
         raise AssertionError("the one-shot run kept a snapshot")

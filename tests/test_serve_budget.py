@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.budgets.rates import CARRY_TRIALS
+from specpipe.run.session import Session
 from specpipe.serve.worker import GenerationWorker, Job
-from specpipe.session import Session
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
 

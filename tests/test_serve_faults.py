@@ -125,10 +125,10 @@ def test_an_unexpected_exception_is_that_requests_logged_500(tmp_path):
     from hydra import compose, initialize_config_module
 
     import specpipe.serve.config  # noqa: F401
+    from specpipe.run.session import Session
     from specpipe.serve.guard import policy_for
     from specpipe.serve.http import ServeState, make_app
     from specpipe.serve.worker import GenerationWorker
-    from specpipe.session import Session
 
     with initialize_config_module(config_module="specpipe.conf", version_base=None):
         cfg = compose(config_name="serve", overrides=["model=tiny-random", "draft=none", "port=0"])

@@ -9,7 +9,7 @@ import pytest
 from conftest import first_difference, generate, make_drafter, tiny
 from hydra import compose, initialize
 
-import specpipe.config  # noqa: F401  (registers the schemas)
+import specpipe.config.schema  # noqa: F401  (registers the schemas)
 from specpipe.core.plan import StepPlan
 from specpipe.drafters.suffix import SuffixDrafter, evidence_class
 from specpipe.drafters.suffix_store import HistoryShelf, SuffixStore
@@ -157,7 +157,7 @@ def test_greedy_equals_target_alone_with_the_store_warm(arch):
 
 
 def _session(arch: str, overrides: list[str]):
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     with initialize(version_base=None, config_path="../specpipe/conf"):
         cfg = compose(

@@ -215,7 +215,7 @@ def test_a_greedy_sampler_keeps_the_top_k_chain():
 def _compose(overrides):
     from hydra import compose, initialize
 
-    import specpipe.config  # noqa: F401  (registers the schemas)
+    import specpipe.config.schema  # noqa: F401  (registers the schemas)
 
     with initialize(version_base=None, config_path="../specpipe/conf"):
         return compose(config_name="config", overrides=overrides)
@@ -238,7 +238,7 @@ def path_acceptance(events) -> float:
 
 @pytest.fixture(scope="module")
 def self_drafted():
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     overrides = ["model=tiny-random", "draft=model", "draft.model=self", "tree=dynamic", "sampling=sample"]
     return Session(_compose(overrides + ["sampling.temperature=0.8", "max_tokens=48"]))

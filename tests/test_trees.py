@@ -364,7 +364,7 @@ def test_tree_events_read_in_the_tui_transcript_and_figures(setup):
 def _compose(overrides):
     from hydra import compose, initialize
 
-    import specpipe.config  # noqa: F401  (registers the schemas)
+    import specpipe.config.schema  # noqa: F401  (registers the schemas)
 
     with initialize(version_base=None, config_path="../specpipe/conf"):
         return compose(config_name="config", overrides=overrides)
@@ -372,7 +372,7 @@ def _compose(overrides):
 
 def test_tree_group_builds_a_tree_step_and_refuses_before_loading():
     from specpipe.errors import ConfigError
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     session = Session(_compose(["model=tiny-random", "tree=dynamic", "tree.nodes=8"]))
     assert session.tree is not None and session.tree.shape.nodes == 8

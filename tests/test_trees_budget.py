@@ -217,7 +217,7 @@ def test_auto_falls_back_to_plain_when_nothing_pays(setup, kind):
 def test_session_passes_its_budget_to_the_tree_step():
     from test_trees import _compose
 
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     session = Session(_compose(["model=tiny-random", "tree=dynamic", "budget=fixed", "budget.k=5"]))
     assert session.tree.sizer.budget is session.budget and not session.tree.sizer.auto

@@ -38,7 +38,7 @@ def test_recorded_tree_run_replays(tmp_path):
     answer, the same figures and the tree label."""
     from test_trees import _compose
 
-    from specpipe.runner import run
+    from specpipe.run.runner import run
 
     cfg = _compose(
         [

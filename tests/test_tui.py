@@ -14,7 +14,7 @@ from hydra import compose, initialize
 from rich.console import Console
 from tui_script import EXPECTED_TEXT, scripted_decode, scripted_events
 
-import specpipe.config  # noqa: F401
+import specpipe.config.schema  # noqa: F401
 from specpipe.core.pipeline import RunControl
 from specpipe.events import Drafted, Emitted, RunFinished, RunStarted, Verified, read_events
 from tui.app import ChatApp

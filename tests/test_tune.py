@@ -103,7 +103,7 @@ def test_calibrate_composes_the_run_specpipe_composes():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    import specpipe.config  # noqa: F401  (schemas, resolvers)
+    import specpipe.config.schema  # noqa: F401  (schemas, resolvers)
 
     overrides = ["model=tiny-random", "draft=model", "preset=quick"]
     with initialize_config_module("specpipe.conf", version_base=None):

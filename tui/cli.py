@@ -212,9 +212,9 @@ def recorded_config(events: list, overrides: list[str]):
     """
     from omegaconf import OmegaConf
 
+    from specpipe.config.snapshot import check_snapshot, read_snapshot_text
     from specpipe.errors import ConfigError
     from specpipe.events import RunStarted
-    from specpipe.snapshot import check_snapshot, read_snapshot_text
 
     yaml = next((e.config_yaml for e in events if isinstance(e, RunStarted) and e.config_yaml), "")
     if not yaml:

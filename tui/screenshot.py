@@ -51,7 +51,7 @@ def main() -> None:
     preload_blas()
     from hydra import compose, initialize_config_module
 
-    import specpipe.config  # noqa: F401  (registers the schemas)
+    import specpipe.config.schema  # noqa: F401  (registers the schemas)
 
     with initialize_config_module("specpipe.conf", version_base=None):
         cfg = compose("config", overrides=overrides)

@@ -76,7 +76,7 @@ class LiveSource:
     def load(self):
         """Build the Session once (slow: loads the models). Raises SpecpipeError."""
         if self.session is None:
-            from specpipe.session import Session
+            from specpipe.run.session import Session
 
             self.session = Session(self.cfg)
         return self.session

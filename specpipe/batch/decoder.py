@@ -90,7 +90,7 @@ def session_plugins(session):
     """(seed, temperature=, top_p=) -> RowPlugins, built from `session.cfg` as `Session` builds its own,
     sharing the loaded models (a draft model's weights, not its cache); None keeps the server's value."""
     from specpipe.core.sampling import Sampler
-    from specpipe.session import build_plugin, comparator_and_bonus, tree_for
+    from specpipe.run.session import build_plugin, comparator_and_bonus, tree_for
 
     cfg = session.cfg
     draft_engine = session.drafter.engine

@@ -88,15 +88,15 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
     """
     from omegaconf import OmegaConf
 
-    from specpipe import signals
     from specpipe.bench.measure import measure_mlx_lm, measure_specpipe
     from specpipe.bench.noise import suspect
     from specpipe.bench.records import ResultsFile, config_hash, first_mismatch, load_suite, prompt_key
-    from specpipe.config_groups import group_option
+    from specpipe.config.config_groups import group_option
     from specpipe.engine.device import device
     from specpipe.errors import SpecpipeError
-    from specpipe.runner import versions
-    from specpipe.session import Session
+    from specpipe.run import signals
+    from specpipe.run.runner import versions
+    from specpipe.run.session import Session
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     snapshot = cast(dict, OmegaConf.to_container(cfg, resolve=True))

@@ -112,7 +112,7 @@ def _common(a: list[int], b: list[int]) -> int:
 def compose_session_config(overrides: list[str]):
     from hydra import compose, initialize_config_module
 
-    import specpipe.config  # noqa: F401  (registers the schemas and resolvers)
+    import specpipe.config.schema  # noqa: F401  (registers the schemas and resolvers)
 
     with initialize_config_module(config_module="specpipe.conf", version_base=None):
         return compose(config_name="config", overrides=["sampling=greedy", *overrides])
@@ -121,7 +121,7 @@ def compose_session_config(overrides: list[str]):
 def open_paths(args: argparse.Namespace, stack: ExitStack, log) -> tuple[dict, object]:
     """Every path asked for, started; returns {name: path} and the target Engine (None without the session)."""
     from specpipe.engine.load.loader import load_target
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     paths: dict = {}
     target = None

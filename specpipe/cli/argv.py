@@ -46,7 +46,7 @@ def prepare_argv(config_name: str, tool: str, prompts: bool = True) -> list[str]
         config_dir = flag_value(argv, "-cp", "--config-path")
         search_dir = flag_value(argv, "-cd", "--config-dir")  # a user's folder of presets / options
         name = flag_value(argv, "-cn", "--config-name") or config_name
-        from specpipe.run_folder import claim_override
+        from specpipe.run.run_folder import claim_override
 
         message = validate_overrides(
             argv, name, tool, config_dir=config_dir, app=config_name, search_dir=search_dir
@@ -129,13 +129,13 @@ def validate_overrides(
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    import specpipe.config  # noqa: F401
-    from specpipe import signals
+    import specpipe.config.schema  # noqa: F401
+    from specpipe.config.plugin_targets import check_hydra_targets, check_targets
+    from specpipe.config.preflight import check_config, check_overrides_text
+    from specpipe.config.shared_config import check_shared_files, shared_folders
+    from specpipe.config.snapshot import is_snapshot_dir, read_snapshot_file, retype
     from specpipe.errors import ConfigError
-    from specpipe.plugin_targets import check_hydra_targets, check_targets
-    from specpipe.preflight import check_config, check_overrides_text
-    from specpipe.shared_config import check_shared_files, shared_folders
-    from specpipe.snapshot import is_snapshot_dir, read_snapshot_file, retype
+    from specpipe.run import signals
 
     if check_overrides_text(overrides):
         return check_overrides_text(overrides)
@@ -201,8 +201,8 @@ def compare_with_packaged(cfg, config_name: str, job: list[str], shared: list) -
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from specpipe.shared_config import check_shared_effect, packaged_overrides
-    from specpipe.user_config import packaged_only
+    from specpipe.config.shared_config import check_shared_effect, packaged_overrides
+    from specpipe.config.user_config import packaged_only
 
     where = " and ".join(str(f) for f in shared)
     try:

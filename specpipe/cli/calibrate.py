@@ -51,11 +51,11 @@ def calibrate(cfg, out_dir: str | Path | None = None, log=None) -> str:
             is never a minute of silence.
     """
     from specpipe.cli.shell import hydra_output_dir
-    from specpipe.config_groups import with_group
+    from specpipe.config.config_groups import with_group
     from specpipe.costmodel.calibration import draft_cost, expected_speedup, verify_cost_curve
     from specpipe.costmodel.context_curve import context_curves
     from specpipe.engine.device import device
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     started = time.perf_counter()

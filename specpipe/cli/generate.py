@@ -16,7 +16,7 @@ TOOL = "specpipe"
 
 
 def main() -> None:
-    from specpipe import signals
+    from specpipe.run import signals
 
     signals.install()  # first: a Ctrl-C while the rest imports is one line too (hydra_main installs it again)
     interrupted = " before generation started; nothing was written"
@@ -33,9 +33,9 @@ def main() -> None:
 
 
 def _task(cfg) -> None:
-    from specpipe import signals
     from specpipe.cli.shell import EXIT_RUN, fail
-    from specpipe.runner import run
+    from specpipe.run import signals
+    from specpipe.run.runner import run
 
     # the answer shows under the prompt it answers when the user did not type one (the README's first run)
     shown = None if _prompt_typed() else (_prompt_choice(), str(cfg.prompt.text))
@@ -120,7 +120,7 @@ class TerminalPrinter:
 
     @staticmethod
     def _write(text: str) -> None:
-        from specpipe import signals
+        from specpipe.run import signals
 
         try:
             sys.stdout.write(text)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from specpipe.errors import EXIT_CONFIG, EXIT_RUN
-from specpipe.run_folder import hydra_output_dir
+from specpipe.run.run_folder import hydra_output_dir
 
 EXIT_INTERRUPTED = 130
 
@@ -44,8 +44,8 @@ def hydra_main(
         prompts: argv may carry a prompt (positional text, `--prompt`, `-`), as `specpipe` takes it.
         interrupted: what a stop before `task` says it kept, after "stopped by SIGINT".
     """
-    from specpipe import signals
     from specpipe.cli.argv import prepare_argv
+    from specpipe.run import signals
 
     signals.install()  # SIGTERM / SIGHUP stop a command as Ctrl-C does
 
@@ -60,7 +60,7 @@ def hydra_main(
             run_guarded(tool, body, interrupted)
 
     def start() -> None:
-        from specpipe.run_folder import name_tool
+        from specpipe.run.run_folder import name_tool
 
         name_tool(tool)
         preload_blas()
@@ -82,7 +82,7 @@ def hydra_main(
             sys.stdout = signals.GuardedStdout(sys.stdout)
         import hydra
 
-        import specpipe.config  # noqa: F401  (registers the schemas)
+        import specpipe.config.schema  # noqa: F401  (registers the schemas)
 
         # a stop inside Hydra's own start (its override parser, the run folder, logging) waits for the task's
         # start: raised there it was swallowed now and then (the run went on, exit 0) or became Hydra's error
@@ -96,8 +96,8 @@ def hydra_main(
 
 def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothing was written") -> None:
     """Call `body()`; a user error or a stop becomes one line and an exit code."""
-    from specpipe import signals
     from specpipe.errors import SpecpipeError
+    from specpipe.run import signals
 
     try:
         body()
@@ -121,7 +121,7 @@ def run_guarded(tool: str, body: Callable[[], None], interrupted: str = "; nothi
 def print_result(tool: str, text: str, kept: str) -> None:
     """`text` on stdout. A stdout that cannot take it (a closed pipe: 141; a full disk or an I/O error
     behind a redirect: 74) is one line saying where the result is kept (`kept`), never a traceback."""
-    from specpipe import signals
+    from specpipe.run import signals
 
     try:
         sys.stdout.write(text + "\n")
@@ -161,7 +161,7 @@ def drop_empty_run_folder() -> None:
     leaves nothing worth keeping there (only Hydra's own .hydra/ snapshot), so remove it."""
     from pathlib import Path
 
-    from specpipe.run_folder import claimed
+    from specpipe.run.run_folder import claimed
 
     try:
         out = hydra_output_dir()

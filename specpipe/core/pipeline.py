@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specpipe import signals
 from specpipe.core.admission import admit
 from specpipe.core.finish import close_step, run_finished
 from specpipe.core.plan import RunControl
@@ -35,6 +34,7 @@ from specpipe.core.row import Row
 from specpipe.core.step import cut, step
 from specpipe.events import Emitted, Event, PrefillProgress, RunStarted
 from specpipe.metrics import StatsCollector
+from specpipe.run import signals
 
 if TYPE_CHECKING:  # the store is the Session's; the driver only calls it
     from specpipe.prefix.store import Hit, PrefixStore

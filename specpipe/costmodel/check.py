@@ -71,9 +71,9 @@ def measured_check(cfg, target, tokens: int, repeats: int = 2) -> Check:
         target: the calibrated target Engine, reused by both sessions.
         tokens: tokens per run.
     """
-    from specpipe.config_groups import with_group
+    from specpipe.config.config_groups import with_group
     from specpipe.costmodel.worth import calibrated_costs
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     base = with_group(cfg, "sampling", "greedy")
     plain = Session(with_group(with_group(base, "draft", "none"), "budget", "fixed"), target=target)

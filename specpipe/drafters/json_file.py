@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specpipe.config.size_bounds import check_sizes
 from specpipe.errors import SpecpipeError
-from specpipe.size_bounds import check_sizes
 
 MAX_BYTES = 16 << 20  # a config.json is a few KiB; a shard index a few MiB
 

@@ -132,8 +132,8 @@ class ModelDrafter(DrafterBase):
         self.sampler = sampler
         self.p_min = p_min
         if model is None and not path:  # a composed config never gets here: preflight refuses it first
+            from specpipe.config.preflight import NO_DRAFT_MODEL
             from specpipe.errors import ConfigError
-            from specpipe.preflight import NO_DRAFT_MODEL
 
             raise ConfigError(NO_DRAFT_MODEL)
         path_key = "draft.path"

@@ -41,9 +41,9 @@ def main() -> None:
 
 
 def _task(cfg) -> None:
+    from specpipe.run.session import Session
     from specpipe.serve.http import ServeState, make_app
     from specpipe.serve.prometheus import Metrics
-    from specpipe.session import Session
 
     if not 0 <= cfg.port <= 65535:
         fail(TOOL, f"port={cfg.port}: choose 1..65535 (0: any free port)", EXIT_CONFIG)
@@ -99,7 +99,7 @@ def _task(cfg) -> None:
     )
 
     async def serve() -> None:
-        from specpipe.signals import STOP_SIGNALS
+        from specpipe.run.signals import STOP_SIGNALS
 
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:  # a closed terminal (SIGHUP) stops the server as SIGTERM does

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from specpipe.config import PipelineGroups, PromptConfig
+from specpipe.config.schema import PipelineGroups, PromptConfig
 
 
 @dataclass

@@ -34,12 +34,12 @@ import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
-from specpipe import signals  # noqa: E402
 from specpipe.cli.shell import Stopped, hydra_main  # noqa: E402
 from specpipe.drafters.mtp_head import default_head_dir, new_head, save_head  # noqa: E402
 from specpipe.engine.introspect import llama_parts  # noqa: E402
 from specpipe.errors import SpecpipeError  # noqa: E402
-from specpipe.run_folder import write_atomic  # noqa: E402
+from specpipe.run import signals  # noqa: E402
+from specpipe.run.run_folder import write_atomic  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
 

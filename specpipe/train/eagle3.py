@@ -25,7 +25,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specpipe import signals
 from specpipe.drafters.eagle3.export import save_speculators
 from specpipe.drafters.eagle3.head import Eagle3Head, HeadConfig
 from specpipe.drafters.mtp_head import default_head_dir
@@ -33,6 +32,7 @@ from specpipe.engine.engine import Capture
 from specpipe.engine.introspect import llama_parts, lm_head_weights
 from specpipe.engine.layer_taps import check_layers, default_layers
 from specpipe.errors import SpecpipeError
+from specpipe.run import signals
 from specpipe.train import drafter as common
 from specpipe.train.eagle3_ttt import ttt_steps
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from specpipe.config import BenchConfig
+from specpipe.config.schema import BenchConfig
 
 
 @dataclass

@@ -146,7 +146,7 @@ def bench_node(
     cfg, candidate: Candidate, kind: Kind, budget_k: int | None, fixed_ks: list[int], results: Path
 ) -> DictConfig:
     """The bench config of one measurement: the candidate under budget=auto (budget_k None) or fixed K."""
-    from specpipe.config_groups import with_group
+    from specpipe.config.config_groups import with_group
 
     node = with_group(cfg, "draft", candidate.draft, **candidate.values)
     if budget_k is not None:

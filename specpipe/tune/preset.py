@@ -1,7 +1,7 @@
 """The winning setup as a preset in the user's config folder, which every command's search path reads.
 
 Contract: `write_preset(cfg, candidate, option, name, notes)` writes `<user config dir>/preset/<name>.yaml`
-(specpipe/user_config.py: never inside the installed package) and returns its path. The file holds group
+(specpipe/config/user_config.py: never inside the installed package) and returns its path. The file holds group
 choices and plain values only (no `_target_`: the packaged option YAMLs keep those), so
 `preset=<name>` composes in specpipe, specpipe-chat, specpipe-serve and specpipe-bench like a packaged preset.
 """
@@ -15,9 +15,9 @@ from typing import cast
 
 from omegaconf import OmegaConf
 
+from specpipe.config.user_config import user_preset_path
 from specpipe.errors import ConfigError
 from specpipe.tune.plan import Candidate
-from specpipe.user_config import user_preset_path
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 PACKAGED = ("quick", "real-pair")
@@ -33,7 +33,7 @@ def check_name(name: str) -> None:
 
 def changed_values(cfg, group: str, option: str, keep: dict | None = None) -> dict:
     """The group's values in `cfg` that differ from the packaged option's YAML (what the user overrode)."""
-    from specpipe.config_groups import group_option
+    from specpipe.config.config_groups import group_option
 
     packaged = group_option(group, option)
     mine = cast(dict, OmegaConf.to_container(cfg[group], resolve=True)) if group in cfg else {}

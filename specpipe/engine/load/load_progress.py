@@ -73,7 +73,7 @@ def memory_notice(name: str, needed: int, available: int | None = None) -> str:
 
 def say(line: str) -> None:
     """A loader line on stderr, named by the command running; a closed stderr costs the load nothing."""
-    from specpipe.run_folder import tool_name
+    from specpipe.run.run_folder import tool_name
 
     try:
         print(f"{tool_name() or 'specpipe'}: {line}", file=sys.stderr, flush=True)

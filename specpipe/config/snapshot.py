@@ -20,8 +20,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specpipe.config.yaml_data import find_resolver, load_yaml_data
 from specpipe.errors import ConfigError
-from specpipe.yaml_data import find_resolver, load_yaml_data
 
 # what a snapshot never holds: Hydra writes its own node to hydra.yaml and composes the defaults away
 FOREIGN_KEYS = ("hydra", "defaults")
@@ -108,7 +108,7 @@ def with_newer_keys(plain: dict, app: str, where: str) -> dict:
     `tree`) gets the app's default option, a group option's key it lacks (`draft.vocab`) that option's
     value, as the plug-in's constructor default would. A top-level value it lacks (`max_tokens`,
     `output_dir`: Hydra writes them last) means the file was cut short: ConfigError."""
-    from specpipe.config_groups import group_option
+    from specpipe.config.config_groups import group_option
 
     defaults = packaged_defaults(app)
     missing = [k for k, v in defaults.items() if k not in plain and not isinstance(v, dict)]
@@ -135,7 +135,7 @@ def with_newer_keys(plain: dict, app: str, where: str) -> dict:
 def packaged_defaults(app: str) -> dict:
     """`conf/<app>.yaml` composed from the packaged files alone (no Hydra): each group's default option
     and the file's own values, Hydra's node left out."""
-    from specpipe.config_groups import group_option
+    from specpipe.config.config_groups import group_option
 
     conf = resources.files("specpipe.conf")
     top = yaml.safe_load(conf.joinpath(f"{app}.yaml").read_text(encoding="utf-8")) or {}
@@ -156,7 +156,7 @@ def app_schema(app: str) -> DictConfig | None:
     """The structured node `conf/<app>.yaml` names first in its defaults (`specpipe_schema`, ...)."""
     import importlib
 
-    importlib.import_module("specpipe.config")  # registers the schemas (a chat resume imports nothing else)
+    importlib.import_module("specpipe.config.schema")  # registers the schemas (a chat resume imports nothing else)
     if app == "serve":
         importlib.import_module("specpipe.serve.config")
     text = resources.files("specpipe.conf").joinpath(f"{app}.yaml").read_text(encoding="utf-8")
@@ -210,8 +210,8 @@ def describe(exc: OmegaConfBaseException, prefix: str = "") -> str:
 def check_snapshot(cfg: DictConfig, app: str, where: str) -> str | None:
     """One line for the first problem of a loaded snapshot: a foreign `_target_` (named before anything is
     imported), a value the schemas refuse, then every preflight check; None when it may run."""
-    from specpipe.plugin_targets import check_targets
-    from specpipe.preflight import check_config
+    from specpipe.config.plugin_targets import check_targets
+    from specpipe.config.preflight import check_config
 
     message = check_targets(cfg)
     if message:

@@ -18,13 +18,13 @@ from pathlib import Path
 import msgspec
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe import signals
 from specpipe.costmodel.worth import StepLog, end_to_end, estimate_speedup
 from specpipe.engine.device import device
 from specpipe.errors import SpecpipeError
 from specpipe.events import Event, EventWriter, ModelInfo, RunFinished, RunStats
 from specpipe.metrics import StatsCollector
-from specpipe.run_folder import claim, free_space, hydra_output_dir, reserve_space, write_atomic
+from specpipe.run import signals
+from specpipe.run.run_folder import claim, free_space, hydra_output_dir, reserve_space, write_atomic
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -77,7 +77,7 @@ def run(
         The result; `error` is set (and the run cut short) when the run folder
         could not be written (disk full): whatever could be kept was kept.
     """
-    from specpipe.session import Session
+    from specpipe.run.session import Session
 
     option = "output_dir" if cfg.get("output_dir") else "hydra.run.dir"
     out = claim(out_dir or cfg.get("output_dir") or hydra_output_dir() or "outputs/last", option)

@@ -474,7 +474,7 @@ def help_groups(primary: str) -> str:
     conf = resources.files("specpipe.conf")
     defaults = yaml.safe_load(conf.joinpath(f"{primary}.yaml").read_text()).get("defaults", [])
     groups = [next(iter(d)) for d in defaults if isinstance(d, dict)]
-    from specpipe.user_config import user_config_dir, user_options
+    from specpipe.config.user_config import user_config_dir, user_options
 
     lines = []
     for group in sorted(g for g in groups if g != "hydra"):
@@ -495,12 +495,12 @@ def register_help_resolvers() -> None:
     from specpipe.cli.usage import usage
 
     OmegaConf.register_new_resolver("specpipe_usage", usage, replace=True)
-    from specpipe.run_folder import fresh_dir_resolver
+    from specpipe.run.run_folder import fresh_dir_resolver
 
     OmegaConf.register_new_resolver("specpipe_fresh_dir", fresh_dir_resolver, replace=True)
-    from specpipe.user_config import search_path
+    from specpipe.config.user_config import search_path
 
-    # every primary config's hydra.searchpath: the presets specpipe-tune wrote (specpipe/user_config.py)
+    # every primary config's hydra.searchpath: the presets specpipe-tune wrote (specpipe/config/user_config.py)
     OmegaConf.register_new_resolver("specpipe_user_conf", search_path, replace=True)
 
 
@@ -509,7 +509,7 @@ def app_name(primary: str) -> str:
     import sys
     from pathlib import Path
 
-    from specpipe import run_folder
+    from specpipe.run import run_folder
 
     if run_folder.tool_name():  # the command hydra_main runs, however it was started (python -m ...)
         return run_folder.tool_name()

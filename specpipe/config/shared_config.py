@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specpipe.config.yaml_data import MAX_BYTES, find_resolver, load_yaml_data
 from specpipe.errors import ConfigError
-from specpipe.yaml_data import MAX_BYTES, find_resolver, load_yaml_data
 
 # Hydra settings a shared file may change: where the job runs and how much it logs. Logging handlers,
 # formatters, env_set, launchers, callbacks and the run / sweep folders are the user's command line's.
@@ -31,7 +31,7 @@ MAX_FILES = 1000  # a config folder holds a few presets; a home directory given 
 
 def shared_folders(search_dir: str | None) -> list[Path]:
     """`--config-dir DIR` and the user's config folder, those that exist."""
-    from specpipe.user_config import user_config_dir
+    from specpipe.config.user_config import user_config_dir
 
     folders = [Path(search_dir)] if search_dir else []
     return [f for f in [*folders, user_config_dir()] if f.is_dir()]

@@ -104,7 +104,7 @@ def check_overrides_text(overrides: list[str]) -> str | None:
 
 def _targets(cfg: DictConfig) -> str | None:
     """First, before any check imports a plug-in: every `_target_` must be one of specpipe's own classes."""
-    from specpipe.plugin_targets import check_targets
+    from specpipe.config.plugin_targets import check_targets
 
     return check_targets(cfg)
 
@@ -170,7 +170,7 @@ def _ranges(cfg: DictConfig) -> str | None:
 
 def _schema_ranges(cfg: DictConfig, prefix: str = "") -> str | None:
     """Every field whose schema declares a `Range` (config.ranged): the value must lie inside it."""
-    from specpipe.config import Range
+    from specpipe.config.schema import Range
 
     schema = OmegaConf.get_type(cfg)
     fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
@@ -228,7 +228,7 @@ def _tiny(cfg: DictConfig) -> str | None:
             )
         if (key.startswith("num_") or key.endswith(TINY_COUNTS)) and value < 1:
             return f"model.tiny.{key}={value} is out of range: a size or count, at least 1"
-    from specpipe.size_bounds import check_sizes
+    from specpipe.config.size_bounds import check_sizes
 
     # +model.tiny.hidden_size=1e9 / vocab_size=1e8 built arrays MLX could not hold (a segfault)
     message = check_sizes(OmegaConf.to_container(tiny) if tiny else {}, "model.tiny")

@@ -17,7 +17,7 @@ from collections.abc import Generator
 
 from omegaconf import DictConfig, OmegaConf
 
-from specpipe import signals
+from specpipe.config.preflight import check_text
 from specpipe.core.protocols import Bonus, Budget, Comparator, Drafter, Rollback
 from specpipe.core.sampling import Sampler
 from specpipe.core.stages.bonus import GreedyBonus, SampledBonus
@@ -29,7 +29,7 @@ from specpipe.errors import ConfigError, SpecpipeError
 from specpipe.events import Event, RunStarted
 from specpipe.plugins import build_plugin, check_plugins
 from specpipe.prefix.store import PrefixStore
-from specpipe.preflight import check_text
+from specpipe.run import signals
 
 
 class Session:
