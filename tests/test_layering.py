@@ -29,7 +29,7 @@ LAYERS = {
     "engine": 1,
     "events": 2,
     "metrics": 2,
-    **dict.fromkeys(["core", "trees", "drafters", "budgets", "rollbacks", "costmodel", "batch"], 3),
+    **dict.fromkeys(["core", "trees", "drafters", "budgets", "rollbacks", "costmodel", "batch", "prefix"], 3),
     **dict.fromkeys(["plugins", "advice", "config"], 3),
     **dict.fromkeys(["run"], 4),
     **dict.fromkeys(["cli", "bench", "serve", "tune", "train", "tui"], 5),
