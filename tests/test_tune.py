@@ -111,6 +111,9 @@ def test_calibrate_composes_the_run_specpipe_composes():
         calibrate = OmegaConf.to_container(compose("calibrate", overrides))
     assert calibrate.pop("quick") is False and calibrate.pop("contexts") is True
     assert calibrate.pop("check") is True and calibrate.pop("check_tokens") == 48  # calibrate's measured check
+    # the chat keeps a prefix store; calibrate times forwards and keeps none (docs/prefix_cache.md)
+    store, kept = calibrate.pop("prefix_cache"), run.pop("prefix_cache")
+    assert store == {**kept, "enabled": False} and kept["enabled"] is True
     assert calibrate == run
 
 

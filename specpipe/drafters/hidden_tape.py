@@ -43,6 +43,8 @@ class HiddenTape:
         """Hidden states of positions [begin, end) -> [end - begin, hidden]."""
         parts = []
         for s, rows in self._segments:
+            if rows is None or s >= end:  # a segment recorded without rows (see holds_rows), or past the range
+                continue
             lo, hi = max(begin, s), min(end, s + rows.shape[0])
             if lo < hi:
                 parts.append(rows[lo - s : hi - s])
@@ -51,6 +53,11 @@ class HiddenTape:
     def covers(self, context_ids: list[int], end: int) -> bool:
         """True when the tape holds positions [0, end) of exactly this context."""
         return len(self.tokens) >= end and self.tokens[:end] == context_ids[:end]
+
+    def holds_rows(self, end: int) -> bool:
+        """True when every position in [0, end) has its row: a batched row's tape may record a forward's
+        tokens without rows (a drafter that reads the target's K/V, not its hidden states, at join)."""
+        return all(rows is not None for s, rows in self._segments if s < end)
 
     @property
     def nbytes(self) -> int:
@@ -86,8 +93,8 @@ class TapeResume:
         raise NotImplementedError  # the drafter's own
 
     def prefix_state(self, context_ids: list[int], length: int) -> Any:
-        if length < 1 or not self.tape.covers(context_ids, length):
-            return None
+        if length < 1 or not self.tape.covers(context_ids, length) or not self.tape.holds_rows(length):
+            return None  # nothing kept: this request's target snapshot is stored without a drafter state
         return self.tape.prefix(length)
 
     def resume(self, prompt_ids: list[int], state: Any) -> None:
