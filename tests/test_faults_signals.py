@@ -43,6 +43,33 @@ def test_a_swallowed_stop_is_raised_at_the_next_boundary_and_a_second_signal_rai
     assert proc.stdout.split("\n")[:2] == ["second raised", "raised at the boundary 143"], proc.stdout + proc.stderr
 
 
+IN_A_FINALIZER = """
+import os, signal, time
+from specpipe.run import signals
+signals.install()
+
+class Finalized:
+    def __del__(self):  # a library's finalizer (regex's Group.__del__ in CI) running when the signal lands
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+
+Finalized()
+try:
+    signals.check()
+    print("lost")
+except KeyboardInterrupt:
+    print("raised at the boundary", signals.exit_code())
+"""
+
+
+def test_a_stop_landing_in_a_finalizer_prints_no_traceback_and_is_raised_at_the_next_boundary():
+    """CI at stop 59: SIGTERM landed in a `__del__`, Python printed "Exception ignored ... Traceback" above the
+    one error line. The stop is recorded and raised at the boundary; the finalizer's copy is not printed."""
+    proc = subprocess.run([sys.executable, "-c", IN_A_FINALIZER], capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.stdout.strip() == "raised at the boundary 143", proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
 def sigterm_at(delay_s: float, cwd) -> tuple[int, str]:
     """`specpipe` on the tiny model, SIGTERM `delay_s` after its start: (exit code, stderr)."""
     args = ["model=tiny-random", "max_tokens=400", "prompt.text=hi", "draft=none"]

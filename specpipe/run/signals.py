@@ -39,6 +39,22 @@ def install() -> None:
         if signal.getsignal(signum) is signal.SIG_IGN:
             continue  # nohup / background jobs asked for this one to be ignored
         signal.signal(signum, _handle)
+    if sys.unraisablehook is not _quiet_unraisable:
+        global _default_unraisable
+        _default_unraisable = sys.unraisablehook
+        sys.unraisablehook = _quiet_unraisable
+
+
+_default_unraisable = sys.unraisablehook
+
+
+def _quiet_unraisable(unraisable) -> None:
+    """A stop signal that lands inside a finalizer (a `__del__`, a weakref callback) raises there, where Python
+    can only print "Exception ignored ... Traceback" and go on: the stop is recorded, `check()` raises it at the
+    next boundary, so that KeyboardInterrupt is not news and the user gets the one line, not a traceback."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received is not None:
+        return
+    _default_unraisable(unraisable)
 
 
 def _handle(signum, frame) -> None:
