@@ -1,4 +1,5 @@
-"""Every number one home: the K cap, the forgetting of acceptance estimates, `pays_at`, and the default ports.
+"""Every number one home: the K cap, the forgetting of acceptance estimates and their prior's weight, `pays_at`,
+and the default ports.
 
 Two copies of a number drift apart (K caps of 32 and 64, pays_at 1.03 in the bench report and 1.05 in
 specpipe-tune, the web chat and specpipe-serve both on port 8000). Each is written once and read from there:
@@ -24,7 +25,11 @@ from specpipe.serve.openai_api import MAX_REQUEST_K
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "specpipe").rglob("*.py")) + sorted((ROOT / "tui").rglob("*.py"))
-HOMES = {"K_MAX": "specpipe/core/plan.py", "FORGET": "specpipe/budgets/rates.py"}
+HOMES = {
+    "K_MAX": "specpipe/core/plan.py",
+    "FORGET": "specpipe/budgets/rates.py",
+    "PRIOR_TRIALS": "specpipe/budgets/rates.py",  # the weight of auto's prior rates, for chains and trees alike
+}
 
 
 def _literal_constants(name: str) -> list[str]:

@@ -9,7 +9,10 @@ from conftest import make_drafter, pair_with_baseline, prepared
 
 from specpipe.budgets.auto import AutoBudget
 from specpipe.budgets.fixed import FixedBudget
+from specpipe.budgets.rates import FORGET, PRIOR_TRIALS
 from specpipe.core.pipeline import SpeculativePipeline
+from specpipe.core.plan import TreePricing
+from specpipe.core.protocols import BudgetBase
 from specpipe.core.stages.bonus import GreedyBonus
 from specpipe.core.stages.compare import GreedyComparator
 from specpipe.events import Drafted
@@ -24,19 +27,29 @@ SHAPE = TreeShape(kind="dynamic", nodes=12, depth=6, branching=[3] * 6)
 GAINS = TreeGains(min_gain=0.03, thin_gain=0.10)  # conf/tree/dynamic.yaml's tree.min_gain / tree.thin_gain
 
 
-class _Auto:
-    """AutoBudget's public face, with chosen numbers (the worked example in trees/budget.py)."""
+class _Auto(BudgetBase):
+    """A budget that prices trees as auto does, with chosen numbers (the worked example in trees/budget.py):
+    the sizer sees it only through `tree_pricing()`, as it sees AutoBudget."""
 
-    name = "auto"
+    name = "priced"
     alpha, continuation, c = 0.6, 5 / 6, 0.0
-    probe_k, probe_every, probe_max = 2, 8, 64
-    decision = None
 
     def __init__(self, ratio, timing_due=False):
         self.ratio, self.timing_due = ratio, timing_due
 
-    def plain_timing_due(self) -> bool:
-        return self.timing_due
+    def tree_pricing(self) -> TreePricing:
+        return TreePricing(
+            alpha=self.alpha,
+            continuation=self.continuation,
+            prior_trials=PRIOR_TRIALS,
+            forget=FORGET,
+            draft_cost=self.c,
+            verify_curve=self.ratio,
+            timing_due=self.timing_due,
+            probe_k=2,
+            probe_every=8,
+            probe_max=64,
+        )
 
     def observe(self, *a, **kw):
         pass
@@ -94,17 +107,18 @@ def test_the_prior_fades_as_unaccepted_trees_come_in(monkeypatch):
 
     def sizer_after_20_misses() -> TreeSizer:
         sizer = TreeSizer(_Auto({1: 1.0, 2: 1.06, 3: 1.12}), SHAPE, free=True, gains=GAINS)
-        assert sizer._lambda(1) == pytest.approx(0.6)
+        assert sizer._lambda(1, sizer.budget.tree_pricing()) == pytest.approx(0.6)
         for _ in range(20):
             sizer.observe(_one_node(0.1), [], draft_s=0.0, verify_s=0.01, depth=1)
         return sizer
 
     faded = sizer_after_20_misses()
-    assert faded._lambda(1) < 0.15 and faded._reach(1) < 0.02
+    p = faded.budget.tree_pricing()
+    assert faded._lambda(1, p) < 0.15 and faded._reach(1, p) < 0.02
     assert faded.size(_one_node(0.3), draft_forwards=0) == 0
     monkeypatch.setattr(tree_budget, "PRIOR_FADES", False)
     fixed = sizer_after_20_misses()
-    assert fixed._lambda(1) > 0.4 and fixed._reach(1) > 0.1
+    assert fixed._lambda(1, p) > 0.4 and fixed._reach(1, p) > 0.1
     assert fixed.size(_one_node(0.3), draft_forwards=0) == 1
 
 
@@ -220,4 +234,4 @@ def test_session_passes_its_budget_to_the_tree_step():
     from specpipe.run.session import Session
 
     session = Session(_compose(["model=tiny-random", "tree=dynamic", "budget=fixed", "budget.k=5"]))
-    assert session.tree.sizer.budget is session.budget and not session.tree.sizer.auto
+    assert session.tree.sizer.budget is session.budget and not session.tree.sizer.priced

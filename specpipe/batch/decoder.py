@@ -147,7 +147,7 @@ class _FixedK(BudgetBase):
     def next_k(self) -> int:
         raise AssertionError("a row without a budget steps only with a K (step(k) or begin(k=))")
 
-    def observe(self, drafted: int, accepted: int, *, draft_s=None, verify_s=None, draft=None) -> None:
+    def observe(self, drafted: int, accepted: int, *, draft_s=None, verify_s=None, verified=None, draft=None) -> None:
         pass
 
 

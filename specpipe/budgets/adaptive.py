@@ -39,6 +39,7 @@ class AdaptiveBudget(BudgetBase):
         *,
         draft_s: float | None = None,
         verify_s: float | None = None,
+        verified: int | None = None,
         draft: Draft | None = None,
     ) -> None:
         if drafted < self.k and accepted == drafted:

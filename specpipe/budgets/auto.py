@@ -26,7 +26,7 @@ from specpipe.budgets.fixed import K_MAX
 from specpipe.budgets.policy import FREE, LOSS_STEPS, AutoPolicy
 from specpipe.budgets.prefill_price import PrefillPrices, choose_prefill
 from specpipe.budgets.rates import CARRY_TRIALS, FORGET, Rates
-from specpipe.core.plan import DraftPrefill, StepPlan
+from specpipe.core.plan import DraftPrefill, StepPlan, TreePricing
 from specpipe.core.protocols import BudgetBase, Drafter
 from specpipe.costmodel.calibration import expected_speedup
 from specpipe.costmodel.context_curve import ContextCurve
@@ -175,6 +175,21 @@ class AutoBudget(AutoPolicy, BudgetBase):
 
     def at_context(self, cache_len: int) -> None:
         self.costs.at_context(cache_len)
+
+    def tree_pricing(self) -> TreePricing:
+        """The chain rates (prior weight rates.PRIOR_TRIALS), costs and probe schedule a tree step is sized by."""
+        return TreePricing(
+            alpha=self.rates.alpha,
+            continuation=self.rates.continuation,
+            prior_trials=rates.PRIOR_TRIALS,
+            forget=self.forget,
+            draft_cost=self.costs.c,
+            verify_curve=self.costs.ratio,
+            timing_due=self.costs.plain_timing_due(),
+            probe_k=self.probe_k,
+            probe_every=self.probe_every,
+            probe_max=self.probe_max,
+        )
 
     def plain_timing_due(self) -> bool:
         return self.costs.plain_timing_due()

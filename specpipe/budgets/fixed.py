@@ -33,6 +33,7 @@ class FixedBudget(BudgetBase):
         *,
         draft_s: float | None = None,
         verify_s: float | None = None,
+        verified: int | None = None,
         draft: Draft | None = None,
     ) -> None:
         """Fixed budgets ignore outcomes; adaptive ones learn from them."""

@@ -3,7 +3,8 @@
 Contract: `Budget.plan(cache_len, room, price=)` returns a StepPlan; the drafter reads its draft length and
 limits from it (`Drafter.propose(context_ids, plan)`), the step reads how to look back and what to log. A plan
 is frozen: a budget that resizes the draft in hand (`Budget.fit`) returns a new one. Beside it: K_MAX, every
-K's one cap, and RunControl, the knobs that override plans from another thread. Nothing here imports mlx.
+K's one cap, TreePricing (what a pricing budget tells the tree sizer), and RunControl, the knobs that override
+plans from another thread. Nothing here imports mlx.
 """
 
 from __future__ import annotations
@@ -98,6 +99,42 @@ class StepPlan:
         if self.k <= room and self.lookup_k <= room:
             return self
         return replace(self, k=min(self.k, room), lookup_k=min(self.lookup_k, room))
+
+
+@dataclass(frozen=True, slots=True)
+class TreePricing:
+    """What a budget that prices drafts (auto) tells the tree sizer (trees/budget.py) for one step, through
+    `Budget.tree_pricing()`; a budget that prices nothing gives None and its K caps a tree's nodes.
+
+    alpha, continuation: its chain rates (P(first drafted token held), P(next held | previous held)); a tree's
+        depth d is expected reached alpha * continuation ** (d - 1) before trees are measured there.
+    prior_trials: the weight, in trials, of that prior (the weight its own rates give a prior).
+    forget: its discount of old evidence per observation, which the sizer's rates by depth use too.
+    draft_cost: one draft forward's cost in target forwards (c).
+    verify_curve: T(n)/T(1) as it prices a verify of n tokens now (read only; n up to its longest point).
+    timing_due: its T(1) wants a plain step's timing (a thin gain waits for it).
+    probe_k, probe_every, probe_max: its probe schedule (probe length; plain steps before a probe, doubling
+        up to probe_max while probes find nothing).
+    """
+
+    alpha: float
+    continuation: float
+    prior_trials: float
+    forget: float
+    draft_cost: float
+    verify_curve: dict[int, float]
+    timing_due: bool
+    probe_k: int
+    probe_every: int
+    probe_max: int
+
+    def verify_ratio(self, n: int) -> float:
+        """T(n)/T(1), past the curve's end its last point."""
+        return self.verify_curve[min(n, max(self.verify_curve))]
+
+    def chain_reach(self, depth: int) -> float:
+        """P(a chain's accepted tokens reach `depth`) by the chain rates: alpha * continuation ** (depth - 1)."""
+        return self.alpha * self.continuation ** (depth - 1)
 
 
 @dataclass

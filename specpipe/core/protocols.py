@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # only for annotations: the stage modules import this one
     import mlx.core as mx
 
-    from specpipe.core.plan import DraftPrefill, StepPlan
+    from specpipe.core.plan import DraftPrefill, StepPlan, TreePricing
     from specpipe.core.stages.compare import Verdict
     from specpipe.core.stages.draft import Draft
     from specpipe.costmodel.context_curve import ContextCurve
@@ -264,11 +264,13 @@ class Budget(Protocol):
         *,
         draft_s: float | None = None,
         verify_s: float | None = None,
+        verified: int | None = None,
         draft: Draft | None = None,
     ) -> None:
         """The step's outcome: `accepted` of `drafted` tokens held; its draft and verify seconds (verify_s None
-        for a batched row: the shared forward's seconds are no timing of this row); the `draft` verified,
-        with what the drafter said of it (its evidence class, its top probabilities)."""
+        for a batched row: the shared forward's seconds are no timing of this row); `verified`: the tokens the
+        verify fed after the root when not `drafted` (a tree's nodes, `drafted` its depth); the `draft`
+        verified, with what the drafter said of it (its evidence class, its top probabilities)."""
 
     def fit(self, plan: StepPlan, evidence: int, drafted: int) -> StepPlan:
         """The draft in hand (`drafted` tokens, at most the plan's) is of class `evidence` (the drafter's
@@ -294,6 +296,10 @@ class Budget(Protocol):
     @property
     def verify_curve(self) -> dict[int, float] | None:
         """T(n)/T(1) as it prices verifies now, once prepared (auto); None where it prices nothing."""
+
+    def tree_pricing(self) -> TreePricing | None:
+        """What the tree sizer (trees/budget.py) prices this step's tree by: the chain rates, the draft cost, the
+        verify curve and the probe schedule (auto); None where it prices nothing (its K caps a tree's nodes)."""
 
 
 class BudgetBase:
@@ -348,6 +354,9 @@ class BudgetBase:
     @property
     def verify_curve(self) -> dict[int, float] | None:
         return None  # K is not priced by a verify's cost
+
+    def tree_pricing(self) -> TreePricing | None:
+        return None  # a tree's nodes are capped at this budget's K
 
 
 # ---------------------------------------------------------------- compare, rollback, bonus

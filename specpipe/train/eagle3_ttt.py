@@ -7,7 +7,7 @@ Its attention reads what the head's KV cache holds at that moment when drafting:
 context's positions 1 .. i-s+1, then one key per chained step k = 2..s at position i-s+k. A causal pass
 over step s's own outputs (the simplification this replaces) let step 2 attend to step-2 keys at every
 earlier position, which drafting never sees: the first head trained that way agreed with the target on
-21 % of held-out second steps and ~1 % when drafting (docs/drafters.md).
+21 % of held-out second steps and ~1 % when drafting (docs/benchmarks/log/2026-12-06-drafters-sittings.md).
 
 Worked indices (T tokens t_0..t_{T-1}, taps r_0..r_{T-1}): step 1 pairs (r_{i-1}, t_i) for i = 1..T-1;
 step s pairs (h_{s-1, i-1}, t_i) for i = s..T-1, row a = i - s. Its keys: step 1's rows 0..a (causal,

@@ -6,7 +6,7 @@ most 8 nodes; a larger static shape keeps its 8 best-scored nodes). With
 `budget=auto` the sizer chooses the node count N (and, for a drafter that pays
 per drafted level, the depth) from the drafter's scored candidates, the
 measured acceptance by depth, and auto's verify curve T(n)/T(1) and draft cost
-c (read through AutoBudget's public `ratio`, `c`, `alpha`, `continuation`):
+c (what `Budget.tree_pricing()` returns each step: a TreePricing value):
 
     expected tokens(N) = 1 + sum over the N best nodes of min(1, lambda_d * score)
     cost(N)            = depth * c + T(N + 1) / T(1)
@@ -15,13 +15,13 @@ and N = 0 (a plain step, 1.0) when no N beats it by tree.min_gain (the cost curv
 and the rates are estimates: a predicted gain of a few percent is within their
 error, and a step verified on it loses as often as it wins); while the gain is
 that thin and auto's T(1) is not timed well enough, the step is plain and times
-it (AutoBudget.plain_timing_due). A drafter that pays per level checks both
+it (TreePricing.timing_due). A drafter that pays per level checks both
 before drafting (plan), on its reach rates; where a paid draft is still judged
 not worth a verify, the next step verifies one as a probe, so the rates and
 the scores cannot disagree for ever unchecked. lambda_d calibrates the
 drafter's scores at depth d: accepted nodes at depth d over the scores of the
-nodes verified there (forgetting; prior from auto's chain rates, its weight
-fading as trees come in: PRIOR_FADES). A free drafter (n-gram, lookahead)
+nodes verified there (auto's forgetting; prior from auto's chain rates at its
+prior weight, fading as trees come in: PRIOR_FADES). A free drafter (n-gram, lookahead)
 still proposes on plain steps, and its candidates
 are checked in hindsight against the tokens the target then emitted: evidence
 at no verify cost, as the chain's auto does. A drafter with a cost probes on
@@ -36,17 +36,19 @@ tokens 1.6 / 1.05 = 1.52 (N=1), 1.85 / 1.1 = 1.68 (N=2), 1.97 / 1.15 = 1.71 (N=3
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-from specpipe.budgets.rates import FORGET  # per tree step, as auto's rates: acceptance follows the text
 from specpipe.events import BudgetDecision
 from specpipe.trees.shape import TreeShape
 from specpipe.trees.tree import TokenTree, select_dynamic
 
-PRIOR_TRIALS = 2.0  # weight of the prior from auto's chain rates, before any tree reached that depth
-# the prior's weight fades as evidence at its depth comes in, as old evidence does: a fixed two trials' worth
-# of auto's 0.5 prior against the ~10 trials forgetting keeps made lookahead's nodes (small scores, ~5%
-# accepted) look worth a verify for 20+ steps of nothing accepted
+if TYPE_CHECKING:
+    from specpipe.core.plan import TreePricing
+    from specpipe.core.protocols import Budget
+
+# the prior's weight (TreePricing.prior_trials) fades as evidence at its depth comes in, as old evidence does: a
+# fixed two trials' worth of auto's 0.5 prior against the ~10 trials forgetting keeps made lookahead's nodes
+# (small scores, ~5% accepted) look worth a verify for 20+ steps of nothing accepted
 PRIOR_FADES = True
 PRIOR_FLOOR = 0.1  # the prior never goes: a depth's rate stays defined on little evidence
 
@@ -70,7 +72,7 @@ class TreeGains:
 
 @dataclass
 class TreeSizer:
-    budget: Any  # the run's Budget; AutoBudget is read through its public rates and costs
+    budget: Budget  # the run's budget, read through its protocol: `tree_pricing()` (None: its K caps the nodes)
     shape: TreeShape
     free: bool  # the drafter costs nothing per proposal (n-gram, lookahead): candidates every step
     gains: TreeGains
@@ -84,70 +86,71 @@ class TreeSizer:
     _discarded: bool = False  # the last step's paid draft was not verified (see plan)
 
     @property
-    def auto(self) -> bool:
-        return self.budget.name == "auto"
+    def priced(self) -> bool:
+        """The budget prices trees (auto); otherwise its K caps a tree's nodes and nothing here is learned."""
+        return self.budget.tree_pricing() is not None
 
     # ---------------------------------------------------------------- before drafting
 
     def plan(self) -> tuple[TreeShape | None, bool]:
         """(the shape to draft this step, whether it is a probe); shape None: a plain step without
         proposing (a drafter that costs, on auto, when nothing pays and no probe is due)."""
-        if not self.auto or self.free:
+        p = self.budget.tree_pricing()
+        if p is None or self.free:
             return self.shape, False
         if self._discarded:
             # the last step paid for a draft that `size` then judged not worth a verify: the rates here and
             # the scores there disagree, and a discarded draft teaches neither. Verify this one as a probe,
             # or a steady disagreement drafts every step and verifies none
             self._discarded = False
-            return self._with_depth(max(2, self.budget.probe_k)), True
-        depth, value = self._depth_worth_drafting()
-        if depth > 0 and self._t1_decides(value):
+            return self._with_depth(max(2, p.probe_k)), True
+        depth, value = self._depth_worth_drafting(p)
+        if depth > 0 and self._t1_decides(value, p):
             # decided by a few percent: time a plain step first (before paying for the draft, not after)
-            self.decision = self._decide(0, "plain (timing T(1))", 1.0, 0)
+            self.decision = self._decide(0, "plain (timing T(1))", 1.0, p)
             return None, False
         if depth > 0:
-            self._since_probe, self._probe_wait = 0, self.budget.probe_every
+            self._since_probe, self._probe_wait = 0, p.probe_every
             return self._with_depth(depth), False
         self._since_probe += 1
         if self._since_probe >= self._probe_wait:
-            w, every = self._probe_wait, self.budget.probe_every
+            w, every = self._probe_wait, p.probe_every
             self._since_probe = 0
-            self._probe_wait = every if w < every else min(2 * w, self.budget.probe_max)
-            return self._with_depth(max(2, self.budget.probe_k)), True
-        self.decision = self._decide(0, "plain", 1.0, 0)
+            self._probe_wait = every if w < every else min(2 * w, p.probe_max)
+            return self._with_depth(max(2, p.probe_k)), True
+        self.decision = self._decide(0, "plain", 1.0, p)
         return None, False
 
-    def _t1_decides(self, value: float) -> bool:
+    def _t1_decides(self, value: float, p: TreePricing) -> bool:
         """A gain this thin hangs on T(1), and auto's is not timed well enough yet: a plain step times it."""
-        return value < 1 + self.gains.thin_gain and self.budget.plain_timing_due()
+        return value < 1 + self.gains.thin_gain and p.timing_due
 
     def _with_depth(self, depth: int) -> TreeShape:
         if self.shape.kind != "dynamic" or depth >= self.shape.depth:
             return self.shape
         return replace(self.shape, depth=depth, branching=self.shape.branching[:depth])
 
-    def _depth_worth_drafting(self) -> tuple[int, float]:
+    def _depth_worth_drafting(self, p: TreePricing) -> tuple[int, float]:
         """(deepest level d whose chance of being reached is at least its draft cost c, its predicted
         speed-up): a level the path rarely reaches does not pay for the draft forward that proposes it.
         (0, 1.0) when no chain beats a plain step by tree.min_gain."""
-        c = self._c()
         depth = 0
         for d in range(1, self.shape.max_depth + 1):
-            if self._reach(d) >= c:
+            if self._reach(d, p) >= p.draft_cost:
                 depth = d
             else:
                 break
-        best_n, value = self._best_n_from_rates(depth)
+        best_n, value = self._best_n_from_rates(depth, p)
         return (depth, value) if best_n > 0 else (0, 1.0)
 
-    def _best_n_from_rates(self, depth: int) -> tuple[int, float]:
+    def _best_n_from_rates(self, depth: int, p: TreePricing) -> tuple[int, float]:
         """Before a costly draft: the chain of `depth` priced on the reach rates (a tree does at least as well),
         as (best length, its predicted speed-up); (0, 1.0) when none beats a plain step by tree.min_gain, as `size`
         would judge it after the draft."""
         tokens, best, best_n = 1.0, 1.0 + self.gains.min_gain, 0
         for d in range(1, depth + 1):
-            tokens += self._reach(d)
-            value = tokens / (depth * self._c() + self._ratio(d + 1))
+            tokens += self._reach(d, p)
+            value = tokens / (depth * p.draft_cost + p.verify_ratio(d + 1))
             if value > best:
                 best, best_n = value, d
         return (best_n, best) if best_n else (0, 1.0)
@@ -156,32 +159,33 @@ class TreeSizer:
 
     def size(self, selected: TokenTree, draft_forwards: int, probing: bool = False, cache_len: int = 0) -> int:
         """Nodes to verify out of the shape's `selected` tree (the best-scored ones when cut); `cache_len`: the
-        target cache's positions, which a budget other than auto plans its K (the node cap) at."""
-        if not self.auto:
+        target cache's positions, which a budget that does not price trees plans its K (the node cap) at."""
+        p = self.budget.tree_pricing()
+        if p is None:
             plan = self.budget.plan(cache_len, len(selected))
             self.decision = plan.decision
             return plan.k
         order = _score_order(selected)
         depths = selected.depths()
-        draft_cost = draft_forwards * self._c()  # already spent: it decides what to draft (plan), not what to verify
+        draft_cost = draft_forwards * p.draft_cost  # already spent: it decides what to draft (plan), not what to verify
         tokens, best, best_n, best_tokens = 1.0, 1.0, 0, 1.0
         for n, i in enumerate(order, start=1):
-            tokens += min(1.0, self._lambda(depths[i]) * selected.scores[i])
-            value = tokens / self._ratio(n + 1)
+            tokens += min(1.0, self._lambda(depths[i], p) * selected.scores[i])
+            value = tokens / p.verify_ratio(n + 1)
             if value > best + 1e-9:
                 best, best_n, best_tokens = value, n, tokens
         plain_reason = "plain"
         if best_n and best < 1 + self.gains.min_gain:
             best_n, best_tokens = 0, 1.0  # within the estimates' error: not worth a verify
-        elif best_n and self._t1_decides(best):
+        elif best_n and self._t1_decides(best, p):
             best_n, best_tokens, plain_reason = 0, 1.0, "plain (timing T(1))"
         if best_n == 0 and probing:
-            best_n = min(len(selected), max(2, self.budget.probe_k))
+            best_n = min(len(selected), max(2, p.probe_k))
         # a draft that cost forwards and is not verified: the next step verifies one as a probe (plan)
         self._discarded = best_n == 0 and draft_forwards > 0 and not self.free
         reason = "probe" if probing else "cost model" if best_n else plain_reason
-        predicted = best_tokens / (draft_cost + self._ratio(best_n + 1)) if best_n else 1.0
-        self.decision = self._decide(best_n, reason, predicted, draft_forwards)
+        predicted = best_tokens / (draft_cost + p.verify_ratio(best_n + 1)) if best_n else 1.0
+        self.decision = self._decide(best_n, reason, predicted, p)
         return best_n
 
     def cut(self, selected: TokenTree, n: int) -> TokenTree:
@@ -192,26 +196,28 @@ class TreeSizer:
 
     def observe(self, tree: TokenTree, path: list[int], draft_s: float, verify_s: float, depth: int) -> None:
         """One verified tree (possibly empty: a plain step) and its accepted path."""
-        if tree.tokens:
-            self._count(tree, len(path))
-        if self.auto:
-            # auto's own bookkeeping: its verify-curve correction (n = nodes + 1) and draft cost per level
-            drafted = depth if tree.tokens else 0
-            self.budget.observe(drafted, len(path), draft_s=draft_s, verify_s=verify_s, verified=len(tree))
-        else:
+        p = self.budget.tree_pricing()
+        if p is None:
             self.budget.observe(len(tree), len(path), draft_s=draft_s, verify_s=verify_s)  # adaptive learns
+            return
+        if tree.tokens:
+            self._count(tree, len(path), p)
+        # auto's own bookkeeping: its verify-curve correction (n = nodes + 1) and draft cost per level
+        drafted = depth if tree.tokens else 0
+        self.budget.observe(drafted, len(path), draft_s=draft_s, verify_s=verify_s, verified=len(tree))
 
     def hindsight(self, context: list[int], plain_candidates: TokenTree | None) -> None:
         """Free drafters on auto: settle earlier plain steps' candidates against the tokens that came
         after them (`context`), and keep this plain step's candidates for the next steps."""
-        if not (self.auto and self.free):
+        p = self.budget.tree_pricing()
+        if p is None or not self.free:
             return
         still = []
         for h in self._pending:
             after = context[h.position :]
             path = _follow(h.tree, after)
             if len(path) < len(after) or (path and not h.tree.children(path[-1])):
-                self._count(h.tree, len(path))  # the path left the tree, or reached a leaf: final
+                self._count(h.tree, len(path), p)  # the path left the tree, or reached a leaf: final
             else:
                 still.append(h)  # every token so far is on the tree and it goes deeper: wait
         self._pending = still[-self.shape.max_depth :]
@@ -220,57 +226,49 @@ class TreeSizer:
 
     # ---------------------------------------------------------------- rates
 
-    def _count(self, tree: TokenTree, path_len: int) -> None:
-        depths = tree.depths()
+    def _count(self, tree: TokenTree, path_len: int, p: TreePricing) -> None:
+        depths, forget = tree.depths(), p.forget  # per tree step, as auto's rates: acceptance follows the text
         for d in set(depths):
             s = sum(sc for sc, dd in zip(tree.scores, depths) if dd == d)
-            self.scored[d] = FORGET * self.scored.get(d, 0.0) + s
-            self.accepted[d] = FORGET * self.accepted.get(d, 0.0) + (path_len >= d)
+            self.scored[d] = forget * self.scored.get(d, 0.0) + s
+            self.accepted[d] = forget * self.accepted.get(d, 0.0) + (path_len >= d)
             r = self.reached.setdefault(d, [0.0, 0.0])
-            r[0], r[1] = FORGET * r[0] + (path_len >= d), FORGET * r[1] + 1
+            r[0], r[1] = forget * r[0] + (path_len >= d), forget * r[1] + 1
 
-    def _prior_weight(self, d: int) -> float:
-        """PRIOR_TRIALS, faded once per tree counted at depth d (its `reached` trials hold FORGET**n there)."""
+    def _prior_weight(self, d: int, p: TreePricing) -> float:
+        """The budget's prior weight, faded once per tree counted at depth d (its `reached` trials hold
+        forget**n there)."""
         if not PRIOR_FADES:
-            return PRIOR_TRIALS
+            return p.prior_trials
         trials = self.reached.get(d, [0.0, 0.0])[1]
-        left = max(0.0, 1.0 - trials * (1.0 - FORGET))  # n counted trees sum (1 - FORGET**n) / (1 - FORGET)
-        return max(PRIOR_FLOOR, PRIOR_TRIALS * left)
+        left = max(0.0, 1.0 - trials * (1.0 - p.forget))  # n counted trees sum (1 - forget**n) / (1 - forget)
+        return max(PRIOR_FLOOR, p.prior_trials * left)
 
-    def _prior_reach(self, d: int) -> float:
-        alpha, g = (float(self.budget.alpha), float(self.budget.continuation)) if self.auto else (0.5, 0.5)
-        return alpha * g ** (d - 1)
-
-    def _reach(self, d: int) -> float:
+    def _reach(self, d: int, p: TreePricing) -> float:
         """P(the accepted path reaches depth d), measured, with auto's chain rates as prior."""
         hit, trials = self.reached.get(d, [0.0, 0.0])
-        w = self._prior_weight(d)
-        return (hit + w * self._prior_reach(d)) / (trials + w)
+        w = self._prior_weight(d, p)
+        return (hit + w * p.chain_reach(d)) / (trials + w)
 
-    def _lambda(self, d: int) -> float:
+    def _lambda(self, d: int, p: TreePricing) -> float:
         """Accepted nodes per unit of score at depth d (scores are shares or probabilities, not rates)."""
-        prior, w = self._prior_reach(d), self._prior_weight(d)
+        prior, w = p.chain_reach(d), self._prior_weight(d, p)
         return (self.accepted.get(d, 0.0) + w * prior) / (self.scored.get(d, 0.0) + w)
 
     def reach_by_depth(self) -> dict[int, float]:
-        return {d: round(self._reach(d), 3) for d in sorted(self.reached)}
+        """P(the path reaches depth d) for each depth trees were measured at ({} unless the budget prices)."""
+        p = self.budget.tree_pricing()
+        return {} if p is None else {d: round(self._reach(d, p), 3) for d in sorted(self.reached)}
 
-    def _ratio(self, n: int) -> float:
-        ratio = self.budget.ratio
-        return ratio[min(n, max(ratio))]
-
-    def _c(self) -> float:
-        return float(self.budget.c) if self.auto else 0.0
-
-    def _decide(self, n: int, reason: str, predicted: float, depth: int) -> BudgetDecision:
+    def _decide(self, n: int, reason: str, predicted: float, p: TreePricing) -> BudgetDecision:
         return BudgetDecision(
             k=n,
             reason=f"tree {reason}",
             predicted=round(predicted, 4),
-            alpha=round(self._reach(1), 4),
-            continuation=round(self._reach(2) / max(self._reach(1), 1e-9), 4),
-            c=round(self._c(), 4),
-            t_verify=round(self._ratio(n + 1), 4),
+            alpha=round(self._reach(1, p), 4),
+            continuation=round(self._reach(2, p) / max(self._reach(1, p), 1e-9), 4),
+            c=round(p.draft_cost, 4),
+            t_verify=round(p.verify_ratio(n + 1), 4),
         )
 
 

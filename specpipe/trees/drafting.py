@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
 
 from specpipe.trees.tree import Drawn, TokenTree
+
+if TYPE_CHECKING:
+    from specpipe.drafters.model import ModelDrafter
 
 MAX_MATCHES = 64  # earlier n-gram matches read per step
 
@@ -80,7 +84,7 @@ def ngram_candidates(ids: np.ndarray, min_n: int, max_n: int, depth: int) -> Tre
     return TreeDraft(candidates=tree)
 
 
-def model_candidates(drafter, context_ids: list[int], depth: int, width: int) -> TreeDraft:
+def model_candidates(drafter: ModelDrafter, context_ids: list[int], depth: int, width: int) -> TreeDraft:
     """A greedy chain of `depth` draft tokens, each with its `width - 1` best siblings as leaves
     (drawn from q instead when the drafter's sampler samples: `drawn_chain`).
 
