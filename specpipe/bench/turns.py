@@ -270,8 +270,9 @@ def summary(rows: list[dict]) -> list[str]:
                     "session-off",
                 )
             )
-            equal = all(r[key] is not False for r in runs)
-            lines.append(f"[turns] {group} {path}: {cell}, answers equal to {against}: {'yes' if equal else 'NO'}")
+            compared = [r[key] for r in runs if r[key] is not None]  # None: that path did not run in this sitting
+            verdict = ("yes" if all(compared) else "NO") if compared else f"not compared (no {against} path)"
+            lines.append(f"[turns] {group} {path}: {cell}, answers equal to {against}: {verdict}")
     return lines
 
 
