@@ -91,7 +91,7 @@ def test_the_draft_prefills_only_when_its_row_first_drafts(setup):
     events = list(pipe.run(prompt, 24, stop_ids=set()))
     assert events[-1].token_ids == baseline[:24]
     prefilled = [e for e in events if isinstance(e, DraftPrefilled)]
-    assert len(prefilled) == 1 and prefilled[0].tokens == len(prompt) + 5  # the first token and 5 plain ones, but the newest
+    assert len(prefilled) == 1 and prefilled[0].tokens == len(prompt) + 5  # the first token, 5 plain ones
     drafted = [e for e in events if isinstance(e, Drafted)]
     assert [d.k for d in drafted[:7]] == [0, 0, 0, 0, 0, 0, 4]
     assert events.index(prefilled[0]) < events.index(drafted[6])

@@ -1,9 +1,9 @@
 """One step for a list of rows: plan -> propose -> one target forward -> compare -> commit -> bonus -> emit.
 
 Contract: `step(target, rows, clock)` advances every row by one step and yields `(row, event)` pairs: each
-row's Drafted (after a deferred drafter's DraftPrefilled, or a chunked one's next chunk), then, after the one forward, its Verified,
-RolledBack and Emitted, the same events with the same fields as a chain or a tree step has always made.
-A row is one request (core/row.py `Row`): its context, target cache and plug-ins; what it proposes is a
+row's Drafted (after a deferred drafter's DraftPrefilled, or a chunked one's next chunk), then, after the one
+forward, its Verified, RolledBack and Emitted, the same events with the same fields as a chain or a tree step
+has always made. A row is one request (core/row.py `Row`): its context, target cache and plug-ins; what it proposes is a
 `Proposal` (core/row.py). A chain is a tree with one branch:
 a row with tree parts drafts trees (trees/proposal.py), any other a chain (core/proposal.py); both feed
 [last_id, *nodes] to `forward_rows`. Afterwards each row's target cache holds its context except the
