@@ -83,12 +83,11 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, Proposal]:
         plan = StepPlan.override(row.k_override, room)
     else:
         plan = row.budget.plan(len(row.context) - 1, room, price=row.price)  # the cache holds all but the newest
-    chunked = plan.prefill is not None and plan.prefill.kind == "chunked"
-    if not first_plain and (chunked or max(plan.k, plan.lookup_k, plan.hindsight_k) > 0):
+    if not first_plain and max(plan.k, plan.lookup_k, plan.hindsight_k) > 0:
         # a draft model prefills when its row first drafts: a step the budget makes plain needs no draft, and
         # in a batch that decodes plain (8 rows on a CPU) every joining row's prefill stalled every row
         yield from _prefill_draft(row, clock, plan.prefill)
-    if row.drafter.catching_up and not first_plain:
+    if row.drafter.catching_up and not first_plain:  # once started, a chunk every step, plain ones too
         yield from _catch_up(row, clock)
         if row.drafter.catching_up:  # still behind: the model drafts nothing yet, a free lookup may
             plan = plan.free_only()
