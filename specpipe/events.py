@@ -72,10 +72,12 @@ class PrefillDone(Base, frozen=True, kw_only=True):  # frozen restated: mypy rea
 
 
 class DraftPrefilled(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone
-    """A draft model read the prompt (`tokens` of context) after the target's first token was out: its
-    prefill waits for it, so the first token comes as fast as plain decoding's. Like the prefill it is,
-    `seconds` counts in the run's draft prefill, not in decode tok/s; a reader sees it as the wait for the
-    second step's tokens."""
+    """A draft model read the prompt after the target's first token was out: its prefill waits for it, so the
+    first token comes as fast as plain decoding's. `tokens`: the prompt tokens it fed the draft model (the
+    context but its newest token for the whole prompt, sinks + window under a window, 0 where it read none;
+    one chunk per event under a chunked prefill, which yields one event per step until it caught up). Like the
+    prefill it is, `seconds` counts in the run's draft prefill, not in decode tok/s; a reader sees it as the
+    wait for the next step's tokens."""
 
     tokens: int
     seconds: float
@@ -89,7 +91,9 @@ class BudgetDecision(msgspec.Struct, frozen=True, kw_only=True):
     the cost model's figure for that K), "plain" (no K beats plain decoding),
     "override" (RunControl set K), "short answer" (a probe the answer's expected
     remaining tokens could not repay), "no draft prefill" (this request's draft
-    model reads nothing: free drafts only), "cap" (a free drafter that classifies its
+    model reads nothing: free drafts only), "draft catching up" (a chunked
+    draft prefill is still behind the context: free drafts only, whatever K the
+    budget chose), "cap" (a free drafter that classifies its
     drafts may propose up to K; found nothing to propose), "first token" (a
     plain first step, its token as soon as plain decoding's: budget=auto's
     every run, and a draft model's, which prefills after it: DraftPrefilled).

@@ -36,7 +36,7 @@ def test_the_first_token_comes_before_the_draft_prefills_and_output_is_unchanged
     assert done.draft_seconds == 0.0
     first = next(e for e in events if isinstance(e, Drafted))
     assert first.step == 1 and first.k == 0 and first.decision.reason == "first token"
-    assert events[prefilled].tokens == len(prompt) + 1  # the prompt and the first token
+    assert events[prefilled].tokens == len(prompt)  # the prompt and the first token, but the newest token
     assert final.stats.draft_prefill_s == events[prefilled].seconds > 0
 
 
@@ -91,7 +91,7 @@ def test_the_draft_prefills_only_when_its_row_first_drafts(setup):
     events = list(pipe.run(prompt, 24, stop_ids=set()))
     assert events[-1].token_ids == baseline[:24]
     prefilled = [e for e in events if isinstance(e, DraftPrefilled)]
-    assert len(prefilled) == 1 and prefilled[0].tokens == len(prompt) + 6  # the first token and 5 plain ones
+    assert len(prefilled) == 1 and prefilled[0].tokens == len(prompt) + 5  # the first token, 5 plain ones
     drafted = [e for e in events if isinstance(e, Drafted)]
     assert [d.k for d in drafted[:7]] == [0, 0, 0, 0, 0, 0, 4]
     assert events.index(prefilled[0]) < events.index(drafted[6])

@@ -15,6 +15,7 @@ there, with the runs that showed it: docs/benchmarks/log/ and the git history of
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ from specpipe.budgets import rates
 from specpipe.budgets.costs import Costs
 from specpipe.budgets.fixed import K_MAX
 from specpipe.budgets.policy import FREE, LOSS_STEPS, AutoPolicy
-from specpipe.budgets.prefill_price import PrefillPrices, choose_prefill
+from specpipe.budgets.prefill_price import KINDS, PrefillPrices, choose_prefill
 from specpipe.budgets.rates import CARRY_TRIALS, FORGET, Rates
 from specpipe.core.plan import DraftPrefill, StepPlan, TreePricing
 from specpipe.core.protocols import BudgetBase, Drafter
@@ -39,12 +40,11 @@ if TYPE_CHECKING:
 
 __all__ = ["CARRY_TRIALS", "FREE", "AutoBudget"]
 
-# The window a draft model may read instead of the whole prompt when draft.context leaves it open, and the
-# share of the whole prompt's saving that window is priced to keep: on questions over an 800-token document a
-# draft reading sinks + 128 / 512 tokens accepted 35 / 50 % where the whole prompt gave 100 % (self-draft,
-# docs/benchmarks/log/2026-12-06-draft-context.md): half, not nearly all
-PREFILL_WINDOW, PREFILL_SINKS, WINDOW_KEEPS = 256, 4, 0.5
+# How earlier answers' lengths are remembered: estimators, not preferences (a user states an answer's length
+# with max_tokens). The mean prices each step; the last few, as a sample, price a draft prefill that pays only
+# on some of them (budgets/prefill_price.py's chunked option).
 ANSWER_MEMORY = 0.5  # weight of the earlier answers' length against the last one's
+ANSWER_SAMPLE = 8  # the earlier answers' lengths kept as a sample
 
 
 class AutoBudget(AutoPolicy, BudgetBase):
@@ -63,6 +63,11 @@ class AutoBudget(AutoPolicy, BudgetBase):
         probe_max: int = 64,
         loss_margin: float = 0.97,
         explore_cost: float = 0.9,
+        prefill_window: int = 256,
+        prefill_sinks: int = 4,
+        window_keeps: float = 0.5,
+        prefill_chunk_steps: float = 1.0,
+        draft_prefill: str | None = None,
     ):
         if not 1 <= k_max <= K_MAX:
             raise SpecpipeError(f"budget.k_max={k_max} is out of range: choose 1..{K_MAX}")
@@ -80,6 +85,16 @@ class AutoBudget(AutoPolicy, BudgetBase):
                 f"budget.loss_margin={loss_margin}, budget.explore_cost={explore_cost}: use shares in (0, 1]"
             )
         self.probe_max, self.quick = probe_max, quick
+        if draft_prefill is not None and draft_prefill not in KINDS:
+            raise SpecpipeError(f"budget.draft_prefill={draft_prefill}: choose {', '.join(KINDS)} or null (priced)")
+        if prefill_window < 1 or prefill_sinks < 0 or not 0.0 < window_keeps <= 1.0 or prefill_chunk_steps < 0:
+            raise SpecpipeError(
+                f"budget.prefill_window={prefill_window}, prefill_sinks={prefill_sinks}, window_keeps="
+                f"{window_keeps}, prefill_chunk_steps={prefill_chunk_steps}: need a window >= 1, sinks >= 0, "
+                "a share in (0, 1] and chunk steps >= 0 (0: no chunked prefill)"
+            )
+        self.prefill_window, self.prefill_sinks, self.window_keeps = prefill_window, prefill_sinks, window_keeps
+        self.prefill_chunk_steps, self.draft_prefill = prefill_chunk_steps, draft_prefill
         self.loss_margin, self.explore_cost = loss_margin, explore_cost
         self.lookup_k = k_max  # a model drafter's free lookup drafts up to k_max; fit sizes it by its class
         self.rates, self.costs = Rates(forget, prior_alpha), Costs(forget)
@@ -98,6 +113,7 @@ class AutoBudget(AutoPolicy, BudgetBase):
         self._window: int | None = None  # draft.context's window when the user set one
         self.prefill_choice: DraftPrefill | None = None  # this request's choice, made at its first plan
         self.answer_len: float | None = None  # earlier answers' tokens (forgotten by ANSWER_MEMORY)
+        self.answers: deque[int] = deque(maxlen=ANSWER_SAMPLE)  # the last few answers' tokens
         self._answer_tokens = 0  # this request's tokens so far
         self.k = self.best_k()
 
@@ -215,6 +231,7 @@ class AutoBudget(AutoPolicy, BudgetBase):
             self.answer_len = (
                 n if self.answer_len is None else ANSWER_MEMORY * self.answer_len + (1 - ANSWER_MEMORY) * n
             )
+            self.answers.append(n)
         self._answer_tokens, self.prefill_choice = 0, None
         self._carry_in(self._learned())
         self._probe_wait, self._since_probe, self._probe_due = 1, 0, None
@@ -227,7 +244,7 @@ class AutoBudget(AutoPolicy, BudgetBase):
         self.expected_left = room + 1.0 if self.answer_len is None else min(room + 1.0, self.answer_len)
         first = self._prefill_cost > 0 and self.prefill_choice is None
         if first:
-            self.prefill_choice = choose_prefill(self._prefill_prices(cache_len))
+            self.prefill_choice = choose_prefill(self._prefill_prices(cache_len, room), self.draft_prefill)
         if self.prefill_choice is not None and self.prefill_choice.kind == "none":
             plan = self._free_only(room)
         else:
@@ -239,7 +256,7 @@ class AutoBudget(AutoPolicy, BudgetBase):
             plan = replace(plan, decision=self.decision)
         return replace(plan, prefill=self.prefill_choice)
 
-    def _prefill_prices(self, prompt_len: int) -> PrefillPrices:
+    def _prefill_prices(self, prompt_len: int, room: int) -> PrefillPrices:
         """What this request's draft prefill options cost and save, by the rates and costs so far."""
         # the optimistic rates, as a probe's: on thin evidence (a first request) the draft must get its chance to
         # show what it accepts, or its rates would never be learned; a short answer still repays no prefill
@@ -252,10 +269,13 @@ class AutoBudget(AutoPolicy, BudgetBase):
             tokens=self.expected_left,
             prefill=self._prefill_cost,
             saving=1.0 - 1.0 / speedup,
-            window=self._window if self._window is not None else PREFILL_WINDOW,
-            sinks=PREFILL_SINKS,
-            window_keeps=1.0 if self._window is not None else WINDOW_KEEPS,
+            window=self._window if self._window is not None else self.prefill_window,
+            sinks=self.prefill_sinks,
+            window_keeps=1.0 if self._window is not None else self.window_keeps,
             full=self._window is None,
+            # a chunk costing prefill_chunk_steps target steps: each catch-up step at most that much slower
+            chunk=max(1, round(self.prefill_chunk_steps / self._prefill_cost)) if self.prefill_chunk_steps else 0,
+            answers=tuple(min(room + 1.0, n) for n in self.answers),
         )
 
     def _free_only(self, room: int) -> StepPlan:
@@ -323,13 +343,14 @@ class AutoBudget(AutoPolicy, BudgetBase):
     # ---------------------------------------------------------------- carrying rates over
 
     def _learned(self) -> dict:
-        return {**self.rates.learned(), "c": self.costs.c, "answer_len": self.answer_len}
+        return {**self.rates.learned(), "c": self.costs.c, "answer_len": self.answer_len, "answers": list(self.answers)}
 
     def _carry_in(self, learned: dict) -> None:
         self.rates.carry_in(learned)
         self.costs.c = learned["c"]
         if learned.get("answer_len") is not None:
             self.answer_len = learned["answer_len"]
+            self.answers = deque(learned.get("answers", ()), maxlen=ANSWER_SAMPLE)
 
     def _carry_out(self) -> None:
         if self._key is not None:

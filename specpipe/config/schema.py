@@ -143,6 +143,11 @@ class AutoBudgetConfig(PluginConfig):
     loss_margin: float = ranged(0, 1, "a share of plain's speed, e.g. 0.97", low_open=True)
     # a longer draft testing a thin continuation may be priced this share of the best one
     explore_cost: float = ranged(0, 1, "a share of the best draft's speed-up, e.g. 0.9", low_open=True)
+    draft_prefill: str | None = MISSING  # full | window | none | chunked; None: priced per request
+    prefill_window: int = ranged(1, None, "prompt tokens a windowed draft reads, e.g. 256")
+    prefill_sinks: int = ranged(0, None, "first tokens kept beside the window, e.g. 4")
+    window_keeps: float = ranged(0, 1, "the share of the saving a window keeps, e.g. 0.5", low_open=True)
+    prefill_chunk_steps: float = ranged(0, None, "target steps of draft prefill per chunk, e.g. 1.0; 0: none")
 
 
 @dataclass

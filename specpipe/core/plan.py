@@ -27,8 +27,10 @@ K_MAX = 32
 class DraftPrefill:
     """How a draft model prepares for one request, as its budget chose it (budgets/prefill_price.py).
 
-    kind: "full" (the whole prompt), "window" (`sinks` + the last `window` tokens: drafters/draft_window.py) or
-        "none" (no draft-model prefill: only free drafters draft, e.g. a prompt lookup; else plain steps).
+    kind: "full" (the whole prompt), "window" (`sinks` + the last `window` tokens: drafters/draft_window.py),
+        "none" (no draft-model prefill: only free drafters draft, e.g. a prompt lookup; else plain steps) or
+        "chunked" (the whole prompt, `chunk` tokens per step between target steps; only free drafters draft
+        until it caught up, and an answer that ends first drops the rest: `Drafter.catch_up`).
     tokens: the answer tokens the choice was priced for.
     net: each option's predicted net saving in target steps (what the decision log and summary show).
     """
@@ -36,12 +38,13 @@ class DraftPrefill:
     kind: str
     window: int = 0
     sinks: int = 4
+    chunk: int = 0
     tokens: float = 0.0
     net: dict[str, float] | None = None
 
     def label(self) -> str:
         """One phrase for the summary line: "draft prefill window 256 (net +12.3 steps; full -40.1, none 0.0)"."""
-        head = f"window {self.window}" if self.kind == "window" else self.kind
+        head = {"window": f"window {self.window}", "chunked": f"chunked {self.chunk}"}.get(self.kind, self.kind)
         nets = self.net or {}
         rest = ", ".join(f"{k} {v:+.1f}" for k, v in nets.items() if k != self.kind)
         mine = f"net {nets[self.kind]:+.1f} steps" if self.kind in nets else ""
@@ -93,6 +96,20 @@ class StepPlan:
         from specpipe.events import BudgetDecision
 
         return cls(k=min(k, room), decision=BudgetDecision(k=k, reason="override"), fit=False)
+
+    def free_only(self) -> StepPlan:
+        """This plan without the model's draft: a free lookup (`lookup_k`) and the look back only, for a step whose
+        draft model is still catching up on a chunked prefill."""
+        if self.k == 0 and self.chain_stop is None:
+            return self
+        import msgspec
+
+        from specpipe.events import BudgetDecision
+
+        behind = "draft catching up"
+        decision = BudgetDecision(k=0, reason=behind) if self.decision is None else self.decision
+        decision = msgspec.structs.replace(decision, k=0, reason=behind)
+        return replace(self, k=0, chain_stop=None, nodes=None, shape=None, decision=decision)
 
     def capped(self, room: int) -> StepPlan:
         """Never more than the tokens still wanted minus the bonus (`room`)."""

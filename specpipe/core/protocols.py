@@ -117,7 +117,19 @@ class Drafter(Protocol):
 
     def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
         """A deferred prefill (`prefill_after_first_token`) as the budget chose it for this request: the whole
-        prompt, a window of it, or none of it (None: as configured)."""
+        prompt, a window of it, none of it, or the whole of it in chunks (`catch_up`; None: as configured)."""
+
+    # prompt tokens its last prefill (or `catch_up` chunk) fed its model: DraftPrefilled.tokens; None: it feeds no
+    # model of its own, or it read the whole context but the newest token
+    @property
+    def prefill_tokens(self) -> int | None: ...
+    # True while a chunked prefill (DraftPrefill kind "chunked") has not caught up: only its free drafts draft
+    @property
+    def catching_up(self) -> bool: ...
+
+    def catch_up(self, context_ids: list[int]) -> int:
+        """One more chunk of a chunked prefill over `context_ids`, between target steps; returns the tokens fed
+        (0: nothing left, the model drafts from its next propose, which feeds the rest)."""
 
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         """Propose up to `plan.k` tokens to follow `context_ids` (a free lookup up to `plan.lookup_k`; a model
@@ -192,6 +204,12 @@ class DrafterBase:
 
     def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
         self.prefill(prompt_ids)  # type: ignore[attr-defined]  # every drafter defines its prefill; no choice here
+
+    prefill_tokens: int | None = None
+    catching_up: bool = False
+
+    def catch_up(self, context_ids: list[int]) -> int:
+        return 0  # never asked while catching_up is False
 
     def rollback(self, kept_len: int) -> int:
         if self.cache is not None:  # a drafter that keeps a cache must say how it rolls it back

@@ -92,9 +92,10 @@ class Row:
 
     def prefill_drafter(self, prompt_ids: list[int], planned: DraftPrefill | None = None) -> None:
         """The drafter reads the prompt: resuming from the prefix store's state when this request has one and
-        its budget did not choose a window or no draft prefill (`planned`, a deferred prefill's), else as planned."""
+        its budget chose the whole prompt (`planned`, a deferred prefill's: at once or in chunks, which the stored
+        state makes unneeded), else as planned (a window, no draft prefill)."""
         state, self.draft_resume = self.draft_resume, None
-        if state is not None and (planned is None or planned.kind == "full"):
+        if state is not None and (planned is None or planned.kind in ("full", "chunked")):
             self.drafter.resume(prompt_ids, state)
         else:
             self.drafter.prefill_planned(prompt_ids, planned)

@@ -1,9 +1,9 @@
 """One step for a list of rows: plan -> propose -> one target forward -> compare -> commit -> bonus -> emit.
 
 Contract: `step(target, rows, clock)` advances every row by one step and yields `(row, event)` pairs: each
-row's Drafted (after a deferred drafter's DraftPrefilled), then, after the one forward, its Verified,
-RolledBack and Emitted, the same events with the same fields as a chain or a tree step has always made.
-A row is one request (core/row.py `Row`): its context, target cache and plug-ins; what it proposes is a
+row's Drafted (after a deferred drafter's DraftPrefilled, or a chunked one's next chunk), then, after the one
+forward, its Verified, RolledBack and Emitted, the same events with the same fields as a chain or a tree step
+has always made. A row is one request (core/row.py `Row`): its context, target cache and plug-ins; what it proposes is a
 `Proposal` (core/row.py). A chain is a tree with one branch:
 a row with tree parts drafts trees (trees/proposal.py), any other a chain (core/proposal.py); both feed
 [last_id, *nodes] to `forward_rows`. Afterwards each row's target cache holds its context except the
@@ -87,6 +87,10 @@ def _propose(target, row: Row, clock) -> Generator[Event, None, Proposal]:
         # a draft model prefills when its row first drafts: a step the budget makes plain needs no draft, and
         # in a batch that decodes plain (8 rows on a CPU) every joining row's prefill stalled every row
         yield from _prefill_draft(row, clock, plan.prefill)
+    if row.drafter.catching_up and not first_plain:  # once started, a chunk every step, plain ones too
+        yield from _catch_up(row, clock)
+        if row.drafter.catching_up:  # still behind: the model drafts nothing yet, a free lookup may
+            plan = plan.free_only()
     return (yield from propose_chain(row, plan, clock, first_plain))
 
 
@@ -98,7 +102,19 @@ def _prefill_draft(row: Row, clock, prefill: DraftPrefill | None) -> Generator[E
     s = time.perf_counter()
     row.prefill_drafter(row.context, prefill)
     row.draft_ready = True
-    yield DraftPrefilled(t=clock(), tokens=len(row.context), seconds=time.perf_counter() - s)
+    fed = row.drafter.prefill_tokens
+    yield DraftPrefilled(
+        t=clock(), tokens=len(row.context) - 1 if fed is None else fed, seconds=time.perf_counter() - s
+    )
+
+
+def _catch_up(row: Row, clock) -> Generator[Event, None, None]:
+    """One chunk of a chunked draft prefill, between this row's target steps (MLX on a CPU has no second
+    device to overlap it with: it runs here, in turn); nothing once the rest is left to the next model draft."""
+    s = time.perf_counter()
+    fed = row.drafter.catch_up(row.context)
+    if fed:
+        yield DraftPrefilled(t=clock(), tokens=fed, seconds=time.perf_counter() - s)
 
 
 def _emit(row: Row, new_ids: list[int], n: int, clock) -> Generator[Event, None, None]:

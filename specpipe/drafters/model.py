@@ -36,6 +36,11 @@ every step accepts K) prefills before the first step as before.
 (drafters/draft_window.py): on a long prompt with a short answer the draft's prefill of the whole prompt cost
 more than drafting saved. `cached_len` still counts the whole context, so rollback is unchanged; the cache
 is cut back to sinks + W once drafting grows it to sinks + 2W.
+
+A chunked prefill (budget=auto's "chunked": `prefill_planned` with DraftPrefill kind "chunked") starts from an
+empty cache: the step calls `catch_up` once per step, which feeds the next `chunk` context tokens, and the
+prompt lookup alone drafts meanwhile; once the rest fits one chunk the model drafts again, its first forward
+feeding the rest (as after plain steps). An answer that ends first leaves the rest unread.
 """
 
 from __future__ import annotations
@@ -127,6 +132,9 @@ class ModelDrafter(DrafterBase):
         self.prefill_window = context  # budget=auto then chooses between this window and no prefill
         self._configured_window = self.window
         self._read_nothing = False  # budget=auto chose no prefill for this request: the lookup alone drafts
+        self.catching_up = False  # a chunked prefill is behind the context (`catch_up`)
+        self._chunk = 0  # ... by this many tokens a step
+        self.prefill_tokens: int | None = None  # prompt tokens the last prefill or chunk fed the model
         self._lookup = NgramDrafter(min_n=lookup_min_n, max_n=max(4, lookup_min_n)) if lookup_min_n else None
         self.evidence_is_free = self._lookup is not None
         self.sampler = sampler
@@ -249,7 +257,7 @@ class ModelDrafter(DrafterBase):
         return drop
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        self.window, self._read_nothing = self._configured_window, False
+        self.window, self._read_nothing, self.catching_up = self._configured_window, False, False
         self._prefill_request(prompt_ids)
 
     def _prefill_request(self, prompt_ids: list[int]) -> None:
@@ -273,9 +281,10 @@ class ModelDrafter(DrafterBase):
     def resume(self, prompt_ids: list[int], state: Any) -> None:
         """prefill from a draft snapshot of the prompt's first `state.length` positions (a whole-prompt prefill's,
         see prefix_state): the rest only is fed."""
-        self.window, self._read_nothing = None, False
+        self.window, self._read_nothing, self.catching_up = None, False, False
         self.cache = restore(state, self.engine.make_cache())
-        if len(prompt_ids) - 1 > state.length:
+        self.prefill_tokens = max(0, len(prompt_ids) - 1 - state.length)
+        if self.prefill_tokens:
             self.engine.prefill(prompt_ids[state.length : -1], self.cache)
         self.cached_len = len(prompt_ids) - 1
         self._fed = None
@@ -290,23 +299,47 @@ class ModelDrafter(DrafterBase):
             self._lookup.prefill(prompt_ids)
 
     def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
-        """The deferred prefill as budget=auto chose it: the whole prompt, sinks + a window, or nothing (the
-        lookup alone drafts; the model is asked for nothing this request); None: as configured."""
+        """The deferred prefill as budget=auto chose it: the whole prompt, sinks + a window, nothing (the
+        lookup alone drafts; the model is asked for nothing this request) or the whole prompt a chunk per step
+        (`catch_up`; a draft with another tokenizer, whose cache counts its own tokens, reads it whole at
+        once); None: as configured."""
+        kind = prefill.kind if prefill is not None else ""
         self.window = self._configured_window
-        if prefill is not None and prefill.kind == "window":
+        if prefill is not None and kind == "window":
             self.window = DraftWindow(prefill.window, prefill.sinks)
-        elif prefill is not None and prefill.kind == "full":
+        elif kind in ("full", "chunked"):
             self.window = None
-        self._read_nothing = prefill is not None and prefill.kind == "none"
+        self._read_nothing = kind == "none"
+        self.catching_up = kind == "chunked" and self._cross is None
+        if prefill is not None and self.catching_up:
+            self._chunk = max(1, prefill.chunk)
+            self._prefill_own([])  # an empty cache the chunks fill
+            self._read_rest(prompt_ids)
+            return
         self._prefill_request(prompt_ids)
+
+    def catch_up(self, context_ids: list[int]) -> int:
+        """Feed the next chunk of a chunked prefill; returns its tokens (0 once the rest, at most a chunk, is
+        left to the model's next draft, whose first forward feeds it)."""
+        if not self.catching_up:
+            return 0
+        start = self.cached_len
+        if len(context_ids) - 1 - start <= self._chunk:
+            self.catching_up = False
+            return 0
+        self.engine.prefill(context_ids[start : start + self._chunk], self.cache)
+        self.cached_len = start + self._chunk
+        self.prefill_tokens = self._chunk
+        return self._chunk
 
     def _prefill_own(self, ids: list[int]) -> None:
         """A fresh draft cache standing for the context `ids` (its own tokens): all of them, or the window's."""
         self.cache = self.engine.make_cache()  # each generation starts clean
         if self._read_nothing:  # the model drafts nothing this request: a later prefill_planned starts it anew
             ids = []
-        self.engine.prefill(self.window.prefill_ids(ids) if self.window is not None else ids, self.cache)
-        self.cached_len = len(ids)
+        fed = self.window.prefill_ids(ids) if self.window is not None else ids
+        self.engine.prefill(fed, self.cache)
+        self.cached_len, self.prefill_tokens = len(ids), len(fed)
         self._fed = None
 
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
@@ -356,7 +389,9 @@ class ModelDrafter(DrafterBase):
 
     def take_in(self, context_ids: list[int]) -> None:
         """Before a draft: cut a grown window back (draft.context) and let the draft propose what the target
-        has emitted since the last draft (draft.vocab)."""
+        has emitted since the last draft (draft.vocab). A chunked prefill still behind is caught up by this
+        draft's first forward."""
+        self.catching_up = False
         if self.window is not None and self.window.due(self.cached_len):
             self._prefill_own(context_ids[: self.cached_len])
         if self._vocab is not None:
