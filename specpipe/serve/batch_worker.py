@@ -187,6 +187,7 @@ class BatchWorker:
             except Exception as exc:
                 self._reject(job, exc)
                 continue
+            job.mark("begun")
             self._joining.append((job, joining, time.perf_counter()))
         self._prefill_joining()
 
@@ -206,6 +207,7 @@ class BatchWorker:
             self._gauge("specpipe_queue_length", self._jobs.qsize())
             if not self._blocked(job):
                 return job
+            job.mark("held")
             self._held.append(job)
         return None
 
@@ -245,6 +247,7 @@ class BatchWorker:
                 except Exception as exc:  # e.g. its drafter's prefill or state: this job only, the batch untouched
                     self._reject(job, exc)
                     continue
+                job.mark("joined")
                 self._active.append(Active(job, row, admitted, AnswerStream(job)))
 
     def _reject(self, job: Job, exc: Exception) -> None:
@@ -263,6 +266,7 @@ class BatchWorker:
         """/metrics: TTFT at a request's first tokens, the gap since its last ones after that."""
         now = time.perf_counter()
         if a.last_emit is None:
+            a.job.mark("first_token")
             self._observe("specpipe_ttft_seconds", now - a.job.submitted)
         else:
             self._observe("specpipe_inter_token_seconds", now - a.last_emit)
@@ -278,7 +282,7 @@ class BatchWorker:
         a.answer.finished = result
         if reason == "cancelled":
             mark_end(a.job, self.metrics)
-        figures = answer_figures(result.stats, batched=True)
+        figures = answer_figures(result.stats, batched=True) | {"timeline": a.job.timeline}
         a.answer.finish(reason, len(a.row.prompt_ids), figures, a.started - a.job.submitted)
         self._count("specpipe_requests_total", status="cancelled" if reason == "cancelled" else "ok")
         self._observe("specpipe_request_seconds", time.perf_counter() - a.job.submitted)

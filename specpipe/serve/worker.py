@@ -38,6 +38,13 @@ class Job:
     sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
     k: int | None = None  # this request's fixed K (the body's specpipe.k); None: the server's budget plans
     end_step: float | None = None  # the server's step count when the worker ended it cancelled (/metrics)
+    # batching: seconds from `submitted` to when the worker held, began, joined and first emitted it
+    # (requests.jsonl's `timeline`: where a request's time to first token went)
+    timeline: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, moment: str) -> None:
+        """Stamp `moment` (held, begun, joined, first_token) once, in seconds since the job was submitted."""
+        self.timeline.setdefault(moment, round(time.perf_counter() - self.submitted, 4))
 
 
 def mark_end(job: Job, metrics) -> None:
