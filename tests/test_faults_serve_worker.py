@@ -69,7 +69,7 @@ def arm(server, *names: str) -> None:
     server.trigger.write_text(" ".join(names))
 
 
-def stream(server, body: dict, timeout: float = 30) -> list[str]:
+def stream(server, body: dict, timeout: float = 120) -> list[str]:
     """A streamed completion's `data:` payloads, in order."""
     status, _, text = server.request("POST", "/v1/completions", {**body, "stream": True}, timeout=timeout)
     assert status == 200, text
@@ -90,19 +90,19 @@ def test_a_drafter_fault_fails_only_the_requests_it_touched(faulty):
     server = faulty("draft=ngram", "max_batch=4", "max_tokens_limit=4096", "prefix_cache.enabled=false")
     long_ask = {"prompt": "Count:", "max_tokens": 400}
     with ThreadPoolExecutor(1) as pool:
-        beside = pool.submit(server.request, "POST", "/v1/completions", long_ask)
-        deadline = time.monotonic() + 30
+        beside = pool.submit(server.request, "POST", "/v1/completions", long_ask, None, 180)
+        deadline = time.monotonic() + 120
         while server.metric("specpipe_batch_size") < 1:  # it decodes
             assert time.monotonic() < deadline
             time.sleep(0.02)
         arm(server, "prefill")
-        status, _, body = server.request("POST", "/v1/completions", {"prompt": "Join:", "max_tokens": 4}, timeout=30)
+        status, _, body = server.request("POST", "/v1/completions", {"prompt": "Join:", "max_tokens": 4}, timeout=120)
         assert status == 500, body
         one_line_error(body, "injected fault in NgramDrafter.prefill", "the server goes on")
         arm(server)
-        status, _, whole = beside.result(timeout=60)
+        status, _, whole = beside.result(timeout=180)
     assert status == 200 and whole["usage"]["completion_tokens"] > 100, whole  # it decoded on (an EOS may end it)
-    status, _, alone = server.request("POST", "/v1/completions", long_ask, timeout=60)
+    status, _, alone = server.request("POST", "/v1/completions", long_ask, timeout=180)
     assert status == 200 and alone["choices"][0]["text"] == whole["choices"][0]["text"]
 
     arm(server, "propose")
@@ -134,7 +134,7 @@ def test_a_worker_that_cannot_go_on_says_so_and_answers_503_at_once(faulty, max_
         one_line_error(json.loads(data[-2]), "injected fault in NgramDrafter.propose", "this step failed")
     else:  # the idle refinement (between requests) fails
         arm(server, "run")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while (status_health := server.request("GET", "/health"))[0] == 200:
         assert time.monotonic() < deadline, status_health
         time.sleep(0.05)
@@ -142,8 +142,8 @@ def test_a_worker_that_cannot_go_on_says_so_and_answers_503_at_once(faulty, max_
     assert status == 503 and health["status"] == "error", health
     assert f"injected fault in {fault}" in health["problems"][0] and "restart specpipe-serve" in health["problems"][0]
     started = time.monotonic()
-    status, _, body = server.request("POST", "/v1/completions", {"prompt": "Later:", "max_tokens": 4}, timeout=10)
-    assert status == 503 and time.monotonic() - started < 5, body
+    status, _, body = server.request("POST", "/v1/completions", {"prompt": "Later:", "max_tokens": 4}, timeout=30)
+    assert status == 503 and time.monotonic() - started < 15, body  # no step runs for it: at once, even when busy
     one_line_error(body, "decoding thread stopped", f"injected fault in {fault}", "restart specpipe-serve")
     assert server.records()[-1]["status"] == 503 and server.records()[-1]["finish_reason"] == "unavailable"
     server.proc.terminate()
