@@ -4,11 +4,13 @@
     python scripts/prefix_serve.py memory --requests 300 --bytes 33554432 --max-tokens 4 -- draft=ngram budget.k=8
 
 `shared`: two servers, the store on and off (max_batch = clients); per repeat and server (order alternating),
-`--clients` streamed greedy chat requests at once, each the conversations suite's ~1k-token support system prompt
-(bench/conversations.py; a repeat's own first line, so no repeat reuses another's) and its own question. Prints
-per burst the median time to first token (client clock), the prompt tokens the store gave and the ones
-prefilled, and from `/metrics` before and after the store's hits and misses (one miss: the shared part was
-prefilled once); then the off / on ratio of the medians. Every answer is checked equal between the two servers.
+a cold burst: `--clients` streamed greedy chat requests at once, each the conversations suite's ~1k-token support
+system prompt (bench/conversations.py; a repeat's own first line, so no repeat reuses another's) and its own
+question; then a warm burst: as many new questions with the same system prompt, which the store-on server now
+holds (a server that has served that system prompt before). Prints per burst the median time to first token
+(client clock), the prompt tokens the store gave and the ones prefilled, and from `/metrics` before and after the
+store's tokens reused; then the off / on ratio of the medians, cold and warm apart. Every answer is checked equal
+between the two servers.
 `memory`: one server with the store on and `prefix_cache.bytes` small; `--requests` requests in turn, each a
 different prefix (a note of `--words` seeded random words: 110 is about 150 tokens), the server's resident
 memory (VmRSS) sampled every `--every` requests with the store's bytes, entries and evictions. Prints the
@@ -80,51 +82,56 @@ def shared(overrides: list[str], clients: int, repeats: int, max_tokens: int, ti
         bursts = []
         for r in range(repeats):
             system = f"Support desk, shift {r + 1}.\n{support_system_prompt()}"
-            asks = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in SYSTEM_QUESTIONS]
-            asks = [asks[i % len(asks)] for i in range(clients)]
-            answers = {}
-            for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                port = servers[name][1]
-                before = metrics(port)
-                with ThreadPoolExecutor(clients) as pool:
-                    got = list(pool.map(lambda m, port=port: stream_chat(port, m, max_tokens, timeout), asks))
-                after = metrics(port)
-                reused = sum(g["cached_tokens"] or 0 for g in got)
-                prompt = sum(g["prompt_tokens"] for g in got)
-                delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-                burst = {
-                    "store": name,
-                    "repeat": r,
-                    "ttft_median_s": statistics.median(g["ttft_s"] for g in got),
-                    "ttft_s": [round(g["ttft_s"], 3) for g in got],
-                    "prompt_tokens": prompt,
-                    "reused_tokens": reused,
-                    "prefilled_tokens": prompt - reused,
-                    # the store's own counts (none with the store off): one miss prefilled the system prompt
-                    "metrics_reused": delta.get("specpipe_prefix_cache_tokens_reused_total"),
-                    "hits": delta.get("specpipe_prefix_cache_hits_total"),
-                    "misses": delta.get("specpipe_prefix_cache_misses_total"),
-                }
-                bursts.append(burst)
-                answers[name] = [g["text"] for g in got]
-                log(json.dumps({k: v for k, v in burst.items() if k != "ttft_s"}))
-            if answers["on"] != answers["off"]:
-                log(f"repeat {r}: ANSWERS DIFFER between the store on and off")
-                bursts[-1]["answers_equal"] = False
+            questions = [SYSTEM_QUESTIONS[i % len(SYSTEM_QUESTIONS)] for i in range(clients)]
+            for phase, lead in (("cold", ""), ("warm", "A second customer writes: ")):
+                asks = [
+                    [{"role": "system", "content": system}, {"role": "user", "content": lead + q}] for q in questions
+                ]
+                answers = {}
+                for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                    burst = _burst(servers[name][1], asks, max_tokens, timeout)
+                    answers[name] = burst.pop("texts")
+                    bursts.append({"store": name, "repeat": r, "burst": phase, **burst})
+                    log(json.dumps({k: v for k, v in bursts[-1].items() if k != "ttft_s"}))
+                if answers["on"] != answers["off"]:
+                    log(f"repeat {r} {phase}: ANSWERS DIFFER between the store on and off")
+                    bursts[-1]["answers_equal"] = False
     finally:
         _stop(servers)
-    med = {n: statistics.median(b["ttft_median_s"] for b in bursts if b["store"] == n) for n in ("on", "off")}
-    result = {
-        "clients": clients,
-        "repeats": repeats,
-        "ttft_median_on_s": round(med["on"], 3),
-        "ttft_median_off_s": round(med["off"], 3),
-        "off_over_on": round(med["off"] / med["on"], 2) if med["on"] else None,
-        "answers_equal": all(b.get("answers_equal", True) for b in bursts),
-        "bursts": bursts,
-    }
+    result: dict = {"clients": clients, "repeats": repeats}
+    for phase in ("cold", "warm"):
+        med = {
+            n: statistics.median(b["ttft_median_s"] for b in bursts if b["store"] == n and b["burst"] == phase)
+            for n in ("on", "off")
+        }
+        result[f"{phase}_ttft_median_on_s"] = round(med["on"], 3)
+        result[f"{phase}_ttft_median_off_s"] = round(med["off"], 3)
+        result[f"{phase}_off_over_on"] = round(med["off"] / med["on"], 2) if med["on"] else None
+    result["answers_equal"] = all(b.get("answers_equal", True) for b in bursts)
+    result["bursts"] = bursts
     log(json.dumps({k: v for k, v in result.items() if k != "bursts"}))
     return result
+
+
+def _burst(port: int, asks: list, max_tokens: int, timeout: float) -> dict:
+    """One burst of requests at once; its figures, and the answers' texts (`texts`)."""
+    before = metrics(port)
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(lambda m: stream_chat(port, m, max_tokens, timeout), asks))
+    after = metrics(port)
+    reused = sum(g["cached_tokens"] or 0 for g in got)
+    prompt = sum(g["prompt_tokens"] for g in got)
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return {
+        "ttft_median_s": statistics.median(g["ttft_s"] for g in got),
+        "ttft_s": [round(g["ttft_s"], 3) for g in got],
+        "prompt_tokens": prompt,
+        "reused_tokens": reused,
+        "prefilled_tokens": prompt - reused,
+        # the store's own count (none with the store off); `prefilled_tokens` says what the burst prefilled
+        "metrics_reused": delta.get("specpipe_prefix_cache_tokens_reused_total"),
+        "texts": [g["text"] for g in got],
+    }
 
 
 # ---------------------------------------------------------------- many prefixes, a small store

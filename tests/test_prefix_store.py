@@ -24,6 +24,9 @@ def test_trie_finds_stored_prefixes_and_what_continues_past_a_split():
     walk = trie.walk([1, 2, 5, 9])
     assert walk.prefixes == [(1, "c")] and walk.matched == 3 and walk.below == (4, "b")
     assert trie.walk([1, 2]).below == (3, "a")  # the shallowest stored key under [1, 2]
+    # ids leaving the trie at the branch node itself ([1, 2] then neither 3 nor 5) still share [1, 2] with both
+    walk = trie.walk([1, 2, 7])
+    assert walk.matched == 2 and walk.below == (3, "a")
     assert trie.remove([1, 2, 3]) == "a" and trie.remove([1, 2, 3]) is None
     assert trie.walk([1, 2, 3, 4]).prefixes == [(1, "c")] and trie.size == 2
     assert trie.insert([1, 2, 5, 6], "b2") == "b" and trie.size == 2

@@ -29,5 +29,7 @@ def test_shared_system_prompt_and_a_small_store(tmp_path, monkeypatch):
     on, off = (next(b for b in shared["bursts"] if b["store"] == s) for s in ("on", "off"))
     assert shared["answers_equal"] and off["reused_tokens"] == 0
     assert on["reused_tokens"] == on["metrics_reused"] and on["prefilled_tokens"] < off["prefilled_tokens"] / 2, on
+    warm = next(b for b in shared["bursts"] if b["store"] == "on" and b["burst"] == "warm")
+    assert warm["prefilled_tokens"] < on["prefilled_tokens"], warm  # the system prompt was stored: tails only
     memory = script.memory(overrides, 8, 2_000_000, 2, 2, 120, log=lambda line: None)
     assert memory["evictions"] > 0 and memory["store_bytes_max"] <= 2_000_000, memory

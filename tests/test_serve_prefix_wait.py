@@ -56,3 +56,28 @@ def test_a_prompt_sharing_only_a_head_with_a_stored_one_is_kept():
     assert store.stats.entries == 2
     hit = store.lookup([*second, 7, 7])
     assert hit is not None and hit.tokens == len(second)
+
+
+def test_a_third_question_after_two_stored_ones_reuses_the_system_prompt():
+    """Two requests with one system prompt and different questions stored branch the trie right after the
+    system prompt; a third question there found no entry (the walk stopped at the branch node without looking
+    below it), so a second burst of new questions prefilled the whole system prompt again. It takes it from
+    the store, and its answer equals its solo draft=none decoding."""
+    target = tiny("llama")
+    system = target.encode_prompt(" ".join(f"rule{i}" for i in range(40)), chat=False)
+    questions = [target.encode_prompt(f"{w} does it open?", chat=False) for w in ("When", "How", "Can")]
+    assert len({q[0] for q in questions}) == 3  # each question leaves the system prompt with its own token
+    store = PrefixStore(1 << 30, target.make_cache)
+    decoder = BatchDecoder(target, plugins, prefix_store=store)
+    decoder.stop_ids = set()
+    worker = BatchWorker(decoder, 4, 8, Metrics(store), prefix_wait_tokens=32)
+    try:
+        done = []
+        for q in questions:  # one after another: the first two are stored when the third comes
+            job = Job(prompt_ids=system + q, max_tokens=6)
+            worker.submit(job)
+            done.append(collect(job)[1])
+    finally:
+        worker.close()
+    assert done[2].stats["cached_tokens"] >= len(system), [d.stats["cached_tokens"] for d in done]
+    assert done[2].text == solo_text(target, system + questions[2], 6)

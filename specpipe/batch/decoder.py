@@ -14,6 +14,9 @@ rows leave the batch. A greedy row emits exactly the tokens that request gets de
 module only adapts: joins and leaves, prefill a chunk at a time, the rows' events into StepReports.
 Never touches HTTP.
 
+A step or a join that raises part-way leaves the batch's storage unknown: the caller fails its rows and calls
+`clear()` (a join does so itself and raises `BatchLost`); a request still joining keeps its own solo cache.
+
 Prefix store (`prefix_store`, specpipe/prefix/; the Session's `prefix_store`): `begin` restores the longest
 stored prefix of the prompt into the request's solo cache, and `join` keeps the prompt's cache there before
 copying it into the batch; a finished row keeps its prompt and answer (full-attention and recurrent layers;
@@ -57,6 +60,11 @@ RHO_PRIOR = 0.75  # a new row's drafter is expected to propose on 3 of 4 asked s
 RHO_DECAY = 0.8
 
 Expectation = Callable[[int], float]  # tokens a step drafting k yields (batch/pricing.py RowRates)
+
+
+class BatchLost(Exception):
+    """Writing a joining row into the batch's storage failed part-way: every row has left the batch (its
+    requests fail), which is empty and sound again."""
 
 
 def refusal(target) -> str | None:
@@ -322,14 +330,24 @@ class BatchDecoder:
         row = cast(Row, admission.row)
         done = admission.admitted(row.since_admission)  # a prompt fed over several steps waited between its chunks
         self._keep(row, admission.cache)
-        row_id = row.row_id = self.cache.add(admission.cache, length=len(row.prompt_ids) - 1)
-        kv = row.draft_capture.kv if row.draft_capture is not None else None
-        if kv is not None:  # draft=gemma4_assistant: from now on its request's K/V is this row of the batch
-            kv.lend(self.target.model, self.cache.row_kv(row_id))
+        try:
+            row_id = row.row_id = self.cache.add(admission.cache, length=len(row.prompt_ids) - 1)
+            kv = row.draft_capture.kv if row.draft_capture is not None else None
+            if kv is not None:  # draft=gemma4_assistant: from now on its request's K/V is this row of the batch
+                kv.lend(self.target.model, self.cache.row_kv(row_id))
+        except Exception as exc:  # some layers may hold the row and others not: no row's columns can be trusted
+            self.clear()
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise BatchLost(f"joining the batch failed ({type(exc).__name__}: {first})") from exc
         self.rows.append(row)
         row.collector.consume(done)
         row.pending.append(done)
         return row
+
+    def clear(self) -> None:
+        """Every row leaves and the batch's storage starts empty (after a step or a join that failed part-way)."""
+        self.rows = []
+        self.cache.keep_rows([])
 
     def remove(self, rows: list[Row]) -> None:
         """These rows leave the batch (cancelled, or finished)."""

@@ -9,7 +9,8 @@ them.
 
 Worked example: after insert([1, 2, 3], a) and insert([1, 2, 5, 6], b), walk([1, 2, 3, 4]) finds
 a at depth 3 (matched 3); walk([1, 2, 5, 9]) finds nothing stored at a prefix, matched 3, below
-(4, b): b's first 3 ids are shared.
+(4, b): b's first 3 ids are shared; walk([1, 2, 7]) leaves at the branch node after [1, 2]: matched 2, below
+(3, a), the shallowest key under it (a second burst of new questions after one system prompt).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class TokenTrie:
             if i >= len(ids):
                 return Walk(prefixes, i, _first_stored(node, i, skip_self=True))
             edge = node.edges.get(ids[i])
-            if edge is None:
-                return Walk(prefixes, i, None)
+            if edge is None:  # ids leave the trie at a branch node: a stored key below it shares these i ids
+                return Walk(prefixes, i, _first_stored(node, i, skip_self=True))
             run, child = edge
             common = _common(run, ids, i)
             if common < len(run):  # ids leave the trie inside this edge: a stored key below shares i + common

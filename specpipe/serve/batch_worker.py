@@ -12,8 +12,14 @@ queue raises QueueFull (HTTP 429). With no row decoding and nothing queued it ti
 long-context curves up to the contexts the rows reached (serve/idle.py), one forward between two looks
 at the queue. With a prefix store, a request whose prompt shares at least `prefix_wait_tokens` leading
 tokens with a prompt still being prefilled waits (outside the slots) until that one joins and leaves its
-prompt in the store, so clients that arrive together with one system prompt prefill it once. Never
-touches HTTP.
+prompt in the store, so clients that arrive together with one system prompt prefill it once.
+
+Failures end the requests they touched, each with one line (HTTP: a 500 error object, a stream's error chunk
+and [DONE]): a request that cannot begin, prefill or join fails alone; a row whose events cannot be
+answered leaves alone; a failed step fails every row of it and empties the batch (its storage's state is
+unknown), so the next requests start sound. What fails outside those (emptying the batch itself, the idle
+refinement) stops the thread through its `breakdown.Breakdown`: every request in flight or queued gets that
+line, later ones a `WorkerStopped` (HTTP 503) at once, and `failure` says why (/health). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from typing import Any
 
 import msgspec
 
+from specpipe.batch.decoder import BatchLost
 from specpipe.events import Emitted
 from specpipe.serve.answer import AnswerStream, answer_figures
+from specpipe.serve.breakdown import Breakdown, fault
 from specpipe.serve.idle import IdleRefinement
-from specpipe.serve.worker import SHUTTING_DOWN, Job, QueueFull, cancelled_unstarted, drop_cancelled, mark_end
+from specpipe.serve.worker import SHUTTING_DOWN, Job, cancelled_unstarted, drop_cancelled, mark_end
 
 IDLE_POLL_S = 0.2  # how often an idle worker looks at its close flag
 
@@ -79,22 +87,25 @@ class BatchWorker:
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_waiting)
         self._active: list[Active] = []
         self._closing = threading.Event()
+        self._breakdown = Breakdown()
         self._idle = IdleRefinement(decoder.target, log)  # its curve follows the rows' budgets (budget=auto)
         self._thread = threading.Thread(target=self._loop, name="specpipe-batch", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(
-                f"{self._jobs.maxsize} requests are already waiting for one of {self.max_batch} batch slots"
-            ) from None
+        """Queue a request. Raises QueueFull (HTTP 429) or WorkerStopped (HTTP 503)."""
+        full = f"{self._jobs.maxsize} requests are already waiting for one of {self.max_batch} batch slots"
+        self._breakdown.put(self._jobs, job, full)
         self._gauge("specpipe_queue_length", self._jobs.qsize())
 
     def alive(self) -> bool:
         """Whether the decoding thread still runs (False once it ended: /health is then 503)."""
         return self._thread.is_alive()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the decoding thread stopped (one line), None while it runs or after a clean close."""
+        return self._breakdown.reason
 
     def waiting(self) -> int:
         return self._jobs.qsize()
@@ -110,21 +121,14 @@ class BatchWorker:
     # ------------------------------------------------------------------ the decoding thread
 
     def _loop(self) -> None:
-        while not self._closing.is_set():
-            self._admit()
-            if not self._active:
-                if not self._joining:  # idle: a request that comes meanwhile waits one forward at most
-                    self._idle.run(self._busy)
-                continue
-            try:
-                report = self.decoder.step()
-            except Exception as exc:  # a failed step fails its rows, not the server
-                self._fail_all(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                continue
-            self._record_step(report, report.positions - 1)
-            self._log_step(report)
-            for step in report.rows:
-                self._emit(step)
+        try:
+            self._serve()
+        except Exception as exc:  # outside what one request or one step can fail: the batch's state is unknown
+            reason = self._breakdown.stop(exc, self._jobs)
+            for job in [a.job for a in self._active] + [j for j, _, _ in self._joining] + self._held:
+                job.out.put(("error", reason))
+                self._count("specpipe_requests_total", status="error")
+            return
         for a in list(self._active):
             self._finish(a, "cancelled")
         for job in [j for j, _, _ in self._joining] + self._held:
@@ -134,6 +138,27 @@ class BatchWorker:
                 self._jobs.get_nowait().out.put(("error", SHUTTING_DOWN))
             except queue.Empty:
                 break
+
+    def _serve(self) -> None:
+        while not self._closing.is_set():
+            self._admit()
+            if not self._active:
+                if not self._joining:  # idle: a request that comes meanwhile waits one forward at most
+                    self._idle.run(self._busy)
+                continue
+            try:
+                report = self.decoder.step()
+            except Exception as exc:  # a failed step fails its rows, not the server
+                self._fail_batch(f"{fault(exc)}: this step failed, and every request in it")
+                continue
+            self._record_step(report, report.positions - 1)
+            self._log_step(report)
+            for step in report.rows:
+                a = next(a for a in self._active if a.row is step.row)
+                try:
+                    self._emit(a, step)
+                except Exception as exc:  # its answer cannot go on (a detokenizer, a stop string): it alone ends
+                    self._fail(a, f"{fault(exc)}: this request failed; the server goes on")
 
     def _busy(self) -> bool:
         return not self._jobs.empty() or self._closing.is_set()
@@ -162,6 +187,7 @@ class BatchWorker:
             except Exception as exc:
                 self._reject(job, exc)
                 continue
+            job.mark("begun")
             self._joining.append((job, joining, time.perf_counter()))
         self._prefill_joining()
 
@@ -181,6 +207,7 @@ class BatchWorker:
             self._gauge("specpipe_queue_length", self._jobs.qsize())
             if not self._blocked(job):
                 return job
+            job.mark("held")
             self._held.append(job)
         return None
 
@@ -211,15 +238,23 @@ class BatchWorker:
                 budget -= n
             if joining.done:
                 self._joining.remove(entry)
-                row = self.decoder.join(joining)
+                try:
+                    row = self.decoder.join(joining)
+                except BatchLost as exc:  # the batch's storage failed: every row left it
+                    self._reject(job, exc)
+                    self._fail_batch(f"{exc}: every request in the batch failed")
+                    continue
+                except Exception as exc:  # e.g. its drafter's prefill or state: this job only, the batch untouched
+                    self._reject(job, exc)
+                    continue
+                job.mark("joined")
                 self._active.append(Active(job, row, admitted, AnswerStream(job)))
 
     def _reject(self, job: Job, exc: Exception) -> None:
-        job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        job.out.put(("error", f"{fault(exc)}: this request failed; the server goes on"))
         self._count("specpipe_requests_total", status="error")
 
-    def _emit(self, step) -> None:
-        a = next(a for a in self._active if a.row is step.row)
+    def _emit(self, a: Active, step) -> None:
         for event in step.events:
             if isinstance(event, Emitted) and event.token_ids:
                 self._timed(a, len(event.token_ids))
@@ -231,6 +266,7 @@ class BatchWorker:
         """/metrics: TTFT at a request's first tokens, the gap since its last ones after that."""
         now = time.perf_counter()
         if a.last_emit is None:
+            a.job.mark("first_token")
             self._observe("specpipe_ttft_seconds", now - a.job.submitted)
         else:
             self._observe("specpipe_inter_token_seconds", now - a.last_emit)
@@ -246,19 +282,29 @@ class BatchWorker:
         a.answer.finished = result
         if reason == "cancelled":
             mark_end(a.job, self.metrics)
-        figures = answer_figures(result.stats, batched=True)
+        figures = answer_figures(result.stats, batched=True) | {"timeline": a.job.timeline}
         a.answer.finish(reason, len(a.row.prompt_ids), figures, a.started - a.job.submitted)
         self._count("specpipe_requests_total", status="cancelled" if reason == "cancelled" else "ok")
         self._observe("specpipe_request_seconds", time.perf_counter() - a.job.submitted)
         self._count("specpipe_drafted_tokens_total", result.stats.drafted)
         self._count("specpipe_accepted_tokens_total", result.stats.accepted)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail(self, a: Active, message: str) -> None:
+        """One row ends with an error: it leaves the batch, the others go on."""
+        if a in self._active:  # else its ending had begun (_finish)
+            self._active.remove(a)
+        a.job.out.put(("error", message))
+        self._count("specpipe_requests_total", status="error")
+        self.decoder.remove([a.row])  # raises only if the batch's storage failed: the thread then stops
+
+    def _fail_batch(self, message: str) -> None:
+        """Every active row ends with an error and the batch is emptied: a step or a join that failed part-way
+        leaves its storage in a state nobody knows. Requests still joining keep their own solo caches."""
         for a in list(self._active):
             a.job.out.put(("error", message))
             self._count("specpipe_requests_total", status="error")
-        self.decoder.remove([a.row for a in self._active])
         self._active.clear()
+        self.decoder.clear()  # raises only if even that fails: the thread then stops (_loop)
 
     # ------------------------------------------------------------------ metrics (optional)
 

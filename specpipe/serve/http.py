@@ -36,6 +36,7 @@ from starlette.routing import Route
 from specpipe.core.sampling import check_sampling
 from specpipe.engine.context import overflow_message
 from specpipe.serve.access_log import AccessLog, note
+from specpipe.serve.breakdown import STOPPED, WorkerStopped
 from specpipe.serve.guard import Guard, Policy
 from specpipe.serve.openai_api import (
     BadRequest,
@@ -101,8 +102,10 @@ def make_app(state: ServeState, policy: Policy, access_log: Callable[[str], None
 
     async def health(request: Request) -> Response:
         problems = state.problems()
-        if not state.worker.alive():  # the decoding thread ended: nothing will be answered
-            return _json(503, {"status": "error", "waiting": state.worker.waiting(), "problems": ["decoding stopped"]})
+        failure = state.worker.failure
+        if failure is not None or not state.worker.alive():  # the decoding thread ended: nothing will be answered
+            stopped = [failure or f"{STOPPED}: restart specpipe-serve"]
+            return _json(503, {"status": "error", "waiting": state.worker.waiting(), "problems": stopped + problems})
         status = "degraded" if problems else "ok"  # answering, but e.g. requests.jsonl cannot be written
         return _json(200, {"status": status, "waiting": state.worker.waiting(), "problems": problems})
 
@@ -179,6 +182,10 @@ async def _answer(state: ServeState, http: Request, parse, route: str, rid: str)
         state.metrics.count("specpipe_requests_total", status="bad_request")
         state.log({"route": route, "status": 400, "finish_reason": "bad_request", "error": str(exc)})
         return _json(400, error_body(str(exc)))
+    except WorkerStopped as exc:  # nothing queued now would be answered: say so at once
+        state.metrics.count("specpipe_requests_total", status="unavailable")
+        state.log({"route": route, "status": 503, "finish_reason": "unavailable", "error": str(exc)})
+        return _json(503, error_body(str(exc), "server_error", 503))
     except QueueFull as exc:
         state.metrics.count("specpipe_requests_total", status="rejected_queue_full")
         state.log({"route": route, "status": 429, "finish_reason": "rejected_queue_full", "error": str(exc)})
@@ -370,7 +377,8 @@ def _event(body: dict) -> bytes:
 
 
 def _error_status(message: str) -> int:
-    return 503 if message == SHUTTING_DOWN else 500
+    """503 where the server is going away or cannot answer any more; 500 for this request's own failure."""
+    return 503 if message == SHUTTING_DOWN or message.startswith(STOPPED) else 500
 
 
 def _error_fields(rid: str, stream: bool, job: Job, message: str) -> dict:

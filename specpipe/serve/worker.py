@@ -6,7 +6,10 @@ job's own queue, so an HTTP thread can stream them; the pieces are built from th
 by `answer.AnswerStream`, as the batching worker builds its rows' (one delta type for both). It
 feeds `/metrics` as the batching worker does (steps, batch size 1, K, tokens, TTFT, inter-token
 gaps, outcomes). With nothing queued it times budget=auto's long-context curves (serve/idle.py),
-one forward between two looks at the queue. Never touches HTTP.
+one forward between two looks at the queue. A request whose generation raises is that request's error (each
+`Session.generate` builds its pipeline anew, so the next one starts sound); anything else that raises in the
+thread stops it through its `breakdown.Breakdown`: queued requests get that one line, later ones a
+`WorkerStopped` (HTTP 503) at once, `failure` says why (/health). Never touches HTTP.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 
 from specpipe.serve.answer import AnswerStream, Finished, answer_figures
+from specpipe.serve.breakdown import Breakdown, QueueFull, WorkerStopped, fault
 from specpipe.serve.idle import IdleRefinement
 
-__all__ = ["SHUTTING_DOWN", "Finished", "GenerationWorker", "Job", "QueueFull"]
+__all__ = ["SHUTTING_DOWN", "Finished", "GenerationWorker", "Job", "QueueFull", "WorkerStopped"]
 
 
 @dataclass
@@ -34,6 +38,13 @@ class Job:
     sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
     k: int | None = None  # this request's fixed K (the body's specpipe.k); None: the server's budget plans
     end_step: float | None = None  # the server's step count when the worker ended it cancelled (/metrics)
+    # batching: seconds from `submitted` to when the worker held, began, joined and first emitted it
+    # (requests.jsonl's `timeline`: where a request's time to first token went)
+    timeline: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, moment: str) -> None:
+        """Stamp `moment` (held, begun, joined, first_token) once, in seconds since the job was submitted."""
+        self.timeline.setdefault(moment, round(time.perf_counter() - self.submitted, 4))
 
 
 def mark_end(job: Job, metrics) -> None:
@@ -67,10 +78,6 @@ def drop_cancelled(jobs: queue.Queue, metrics=None) -> None:
             metrics.count("specpipe_requests_total", status="cancelled")
 
 
-class QueueFull(Exception):
-    """More requests wait than the server was configured to hold."""
-
-
 class GenerationWorker:
     per_request_sampling = False  # one session sampler: a request's temperature must be the server's
 
@@ -80,6 +87,8 @@ class GenerationWorker:
         self.metrics = metrics
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
         self._closing = threading.Event()
+        self._breakdown = Breakdown()
+        self._current: Job | None = None  # the request the thread took, until it is answered
         # the session's one budget decodes every request: its curve is refined in place
         curve = session.budget.context_curve  # budget=auto's; None for budgets that do not price
         self._idle = IdleRefinement(session.target, log, curve)
@@ -87,16 +96,19 @@ class GenerationWorker:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting") from None
+        """Queue a request. Raises QueueFull (HTTP 429) or WorkerStopped (HTTP 503)."""
+        self._breakdown.put(self._jobs, job, f"{self._jobs.maxsize} requests are already waiting")
         if self.metrics:
             self.metrics.set("specpipe_queue_length", self._jobs.qsize())
 
     def alive(self) -> bool:
         """Whether the decoding thread still runs (False once it ended: /health is then 503)."""
         return self._thread.is_alive()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the decoding thread stopped (one line), None while it runs or after a clean close."""
+        return self._breakdown.reason
 
     def waiting(self) -> int:
         return self._jobs.qsize()
@@ -109,6 +121,16 @@ class GenerationWorker:
     # ------------------------------------------------------------------ the decoding thread
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:  # outside any one request's handling: the thread cannot tell what state it left
+            reason = self._breakdown.stop(exc, self._jobs)
+            if self._current is not None:  # taken off the queue, not yet answered
+                self._current.out.put(("error", reason))
+                if self.metrics:
+                    self.metrics.count("specpipe_requests_total", status="error")
+
+    def _serve(self) -> None:
         while True:
             try:
                 job = self._jobs.get(timeout=0.2)
@@ -119,22 +141,28 @@ class GenerationWorker:
                 continue
             if job is None:
                 return
-            if self._closing.is_set():
-                job.out.put(("error", SHUTTING_DOWN))
-                continue
-            if job.cancelled.is_set():
-                job.out.put(("done", cancelled_unstarted(job, self.metrics)))
-                if self.metrics:
-                    self.metrics.count("specpipe_requests_total", status="cancelled")
-                continue
+            self._current = job
+            self._answer(job)
+            self._current = None
+
+    def _answer(self, job: Job) -> None:
+        """One request from the queue: refused at shutdown, ended if its client left, else generated."""
+        if self._closing.is_set():
+            job.out.put(("error", SHUTTING_DOWN))
+            return
+        if job.cancelled.is_set():
+            job.out.put(("done", cancelled_unstarted(job, self.metrics)))
             if self.metrics:
-                self.metrics.set("specpipe_queue_length", self._jobs.qsize())
-            try:
-                self._run(job)
-            except Exception as exc:  # one request's failure must not stop the server
-                job.out.put(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
-                if self.metrics:
-                    self.metrics.count("specpipe_requests_total", status="error")
+                self.metrics.count("specpipe_requests_total", status="cancelled")
+            return
+        if self.metrics:
+            self.metrics.set("specpipe_queue_length", self._jobs.qsize())
+        try:
+            self._run(job)
+        except Exception as exc:  # one request's failure must not stop the server: each generate starts anew
+            job.out.put(("error", f"{fault(exc)}: this request failed; the server goes on"))
+            if self.metrics:
+                self.metrics.count("specpipe_requests_total", status="error")
 
     def _busy(self) -> bool:
         return not self._jobs.empty() or self._closing.is_set()
