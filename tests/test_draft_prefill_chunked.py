@@ -162,7 +162,8 @@ def test_auto_takes_the_users_fixed_choice_and_stays_lossless():
 
 
 def test_auto_prices_chunks_from_the_earlier_answers_sample():
-    b = AutoBudget()
+    assert AutoBudget()._prefill_prices(800, room=500).chunk == 0  # off by default: no chunked option priced
+    b = AutoBudget(prefill_chunk_steps=1.0)
     b._prefill_cost = 0.02
     for n in (5, 200, 5, 200):
         b.start_request()

@@ -66,7 +66,7 @@ class AutoBudget(AutoPolicy, BudgetBase):
         prefill_window: int = 256,
         prefill_sinks: int = 4,
         window_keeps: float = 0.5,
-        prefill_chunk_steps: float = 1.0,
+        prefill_chunk_steps: float = 0.0,
         draft_prefill: str | None = None,
     ):
         if not 1 <= k_max <= K_MAX:
