@@ -116,6 +116,24 @@ def test_each_draft_names_whether_history_or_the_context_held_it():
     assert now.propose([20, 30, 31], _plan(8)).source == ""  # nothing drafted names no source
 
 
+def test_the_summary_line_counts_accepted_drafts_by_source():
+    from types import SimpleNamespace
+
+    from specpipe.cli.generate import summary_line
+    from specpipe.events import RunStats
+
+    stats = RunStats(
+        generated_tokens=10,
+        steps=4,
+        drafted=12,
+        accepted=9,
+        drafted_by_source={"history": 8, "context": 4},
+        accepted_by_source={"history": 8, "context": 1},
+    )
+    line = summary_line(SimpleNamespace(stats=stats, stop_reason="eos", drafter="suffix", output_dir="out"))
+    assert "acceptance 75% (9/12; history 8/8, context 1/4)" in line, line
+
+
 def test_draft_size_follows_the_match_and_the_branch_frequency():
     drafter = SuffixDrafter(max_n=8, spec_factor=1.0, min_prob=0.4)
     drafter.prefill([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 9, 1, 2])
