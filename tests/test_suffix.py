@@ -131,7 +131,7 @@ def test_the_summary_line_counts_accepted_drafts_by_source():
         accepted_by_source={"history": 8, "context": 1},
     )
     line = summary_line(SimpleNamespace(stats=stats, stop_reason="eos", drafter="suffix", output_dir="out"))
-    assert "acceptance 75% (9/12; history 8/8, context 1/4)" in line, line
+    assert "(9/12; history 8/8, context 1/4) |" in line, line
 
 
 def test_draft_size_follows_the_match_and_the_branch_frequency():
