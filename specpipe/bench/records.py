@@ -85,7 +85,7 @@ def load_suite(
                 continue
             try:
                 row = json.loads(line)
-                prompt = {"id": str(row["id"]), "prompt": str(row["prompt"])}
+                prompt: dict = {"id": str(row["id"]), "prompt": str(row["prompt"])}
                 if "session" in row:  # a multi-request suite (suite=sessions): requests of one session share history
                     prompt["session"] = str(row["session"])
                     prompt["history"] = bool(row.get("history", False))  # what it repeats is in earlier answers only

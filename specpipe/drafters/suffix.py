@@ -157,7 +157,9 @@ def _followed_in(context_ids: list[int], gram: list[int], token: int) -> bool:
 
     Example: context [4, 5, 6, 4, 5], gram [4, 5]: token 6 -> True (positions 0-2), token 7 -> False.
     """
-    n, first = len(gram), gram[0] if gram else None
+    if not gram:
+        return False
+    n, first = len(gram), gram[0]
     end = len(context_ids) - n  # the gram must have a follower inside the context
     i = 0
     while i < end:
