@@ -2,14 +2,14 @@
 
     python scripts/suffix_serve_memory.py --requests 1000 --store-tokens 8000 --max-tokens 4 -- budget=auto
 
-One server with `draft=suffix draft.store_tokens=<--store-tokens>`, fed `--requests` greedy chat requests one
-after another, each a different prompt (a note of `--words` seeded random words and a question about it), so
-the history fills, then evicts its least recently used requests. Every `--every` requests it samples the
-server's resident memory (VmRSS of its process) and, from `/metrics`, the tokens and requests the history
-holds (specpipe_suffix_history_tokens / _sequences). Prints each sample as a JSON line, then one summary line
-(JSON): the most tokens the history held against `--store-tokens`, and the resident memory of the run's second
-half against the first half's peak (flat: the ratio near 1). Loopback only, each request bounded by
-`--timeout`; the server it started is stopped at the end.
+One server with `draft=suffix draft.store_tokens=<--store-tokens>` (the prefix store off), fed `--requests`
+greedy chat requests one after another, each a different prompt (a note of `--words` seeded random words and
+a question about it), so the history fills, then evicts its least recently used requests. Every `--every`
+requests it samples the server's resident memory (VmRSS of its process) and, from `/metrics`, the tokens and
+requests the history holds (specpipe_suffix_history_tokens / _sequences). Prints each sample as a JSON line,
+then one summary line (JSON): the most tokens the history held against `--store-tokens`, and the resident
+memory of the run's second half against the first half's peak (flat: the ratio near 1). Loopback only, each
+request bounded by `--timeout`; the server it started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import time
 import urllib.request
@@ -69,7 +70,9 @@ def sample(pid: int, port: int, done: int, started: float) -> dict:
 def run(
     overrides: list[str], requests: int, store_tokens: int, max_tokens: int, every: int, words: int, timeout: float
 ) -> dict:
-    proc, port = start_server(["draft=suffix", f"draft.store_tokens={store_tokens}", *overrides], 1)
+    # the prefix store off: its KV snapshots would fill their own budget (prefix_cache.bytes) over the same requests
+    switches = ["draft=suffix", f"draft.store_tokens={store_tokens}", "prefix_cache.enabled=false"]
+    proc, port = start_server([*switches, *overrides], 1)
     samples = []
     try:
         one_request(port, "Say hello.", 2, timeout)  # untimed: allocation, BLAS threads
@@ -83,7 +86,11 @@ def run(
                 print(json.dumps(samples[-1]), flush=True)
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a request still in flight past uvicorn's graceful shutdown
+            proc.kill()
+            proc.wait()
     half = len(samples) // 2
     first_peak = max(s["rss_mib"] for s in samples[: half + 1])
     second = [s["rss_mib"] for s in samples[half + 1 :]] or [first_peak]
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--every", type=int, default=50, help="sample every this many requests")
     ap.add_argument("--words", type=int, default=30, help="words of each request's note (30: about 45 tokens)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (a loaded machine)")
     ap.add_argument("overrides", nargs="*", help="after --: specpipe-serve overrides (budget=auto, model=...)")
     args = ap.parse_args(argv)
     run(args.overrides, args.requests, args.store_tokens, args.max_tokens, args.every, args.words, args.timeout)
