@@ -84,7 +84,11 @@ def carries_history(node) -> bool:
     from specpipe.bench.records import load_suite
 
     s = node.suite
-    return any("session" in p for p in load_suite(s.name, s.path, node.limit, s.format, s.per_category, s.second_turns))
+    try:
+        prompts = load_suite(s.name, s.path, node.limit, s.format, s.per_category, s.second_turns)
+    except SpecpipeError:
+        return False  # the measurement itself says what is wrong with the suite, and is skipped
+    return any("session" in p for p in prompts)
 
 
 def tail_acceptance(runs: list[dict], k: int) -> float:
