@@ -155,7 +155,7 @@ class Drafted(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads e
     probe: bool = False
     decision: BudgetDecision | None = None
     tree_parents: list[int] = []  # tree != chain: parent node of each draft_ids entry (-1: the root); [] for a chain
-    source: str = ""  # draft=chain: the source that drafted draft_ids (ngram, model, ...); "" for other drafters
+    source: str = ""  # draft=chain: the source that drafted (ngram, model, ...); draft=suffix: history | context
 
 
 class Verified(Base, frozen=True, kw_only=True):  # frozen restated: mypy reads each class alone

@@ -7,8 +7,9 @@ Definitions (vLLM's vocabulary):
 - draft forwards: summed from the Drafted events of this run, by purpose
   (drafting, probe, catch-up, hindsight, wasted); never a drafter's lifetime
   counter, which a session's earlier runs would inflate.
-- per source (draft=chain): a step's drafted and accepted tokens count for the source its Drafted event
-  names (`drafted_by_source`, `accepted_by_source`); other drafters' steps name none.
+- per source (draft=chain: the source; draft=suffix: history or context): a step's drafted and accepted
+  tokens count for the source its Drafted event names (`drafted_by_source`, `accepted_by_source`); other
+  drafters' steps name none.
 - latency: per-token gaps; an emission of m tokens arriving `gap` seconds
   after the previous one counts as m gaps of gap/m (time per output token).
 """

@@ -36,9 +36,16 @@ def _cfg(*overrides):
 def test_the_packaged_suite_is_the_generators():
     assert packaged_path().read_text(encoding="utf-8") == suite_text()
     rows = session_prompts()
-    assert [r["session"] for r in rows] == ["edit"] * 4 + ["tool"] * 4 + ["chat"] * 3
-    # the workload repeats itself: each edit request resends the file the previous one asked for back
-    assert rows[0]["prompt"][200:600] in rows[1]["prompt"]
+    history = ["retry"] * 3 + ["sql"] * 4 + ["function"] * 3 + ["faq"] * 4
+    assert [r["session"] for r in rows] == history + ["edit"] * 4 + ["tool"] * 4 + ["chat"] * 3
+    assert [r["history"] for r in rows] == [True] * len(history) + [False] * 11
+    # the prompt sessions repeat themselves: each edit request resends the file the previous one asked for back
+    edit = [r for r in rows if r["session"] == "edit"]
+    assert edit[0]["prompt"][200:600] in edit[1]["prompt"]
+    # the history sessions ask again, each a fresh conversation: the same words (a retry, a second client)
+    # or a variant, so what repeats is the earlier answer
+    assert rows[0]["prompt"] == rows[1]["prompt"] != rows[2]["prompt"]
+    assert all(r["system"] for r in rows[: len(history)])
 
 
 def test_sessions_carry_history_within_and_clear_it_between(tmp_path):
@@ -46,7 +53,13 @@ def test_sessions_carry_history_within_and_clear_it_between(tmp_path):
     records = run_bench(_cfg("suite=sessions"), tmp_path / "all.jsonl", log=lines.append)
     assert all(r["tokens_match"] for r in records)
     assert [r["session"] for r in records] == [r["session"] for r in session_prompts()]
-    assert sum(line.startswith("[bench session ") for line in lines) == 3, lines
+    assert sum(line.startswith("[bench session ") for line in lines) == 7, lines
+    assert [line.split(":")[0] for line in lines if line.startswith("[bench sessions]")] == [
+        f"[bench sessions] {kind} sessions" for kind in ("history", "prompt", "all")
+    ]
+    # a retry asks the same words in a fresh conversation: its answer is drafted from the first one's, as history
+    retry = [r["spec"]["accepted_by_source"].get("history", 0) for r in records if r["session"] == "retry"]
+    assert retry[0] == 0 and retry[1] >= 8, retry
     # the tool session alone, from its own file: its first request drafts exactly as inside the whole suite
     # (the edit session's history was cleared), and its later requests exactly as well (history carried)
     alone_file = tmp_path / "tool.jsonl"

@@ -100,6 +100,40 @@ def test_a_warm_store_drafts_an_earlier_answer():
     assert alone.propose([20, 11, 12], _plan(8)).token_ids == []
 
 
+def test_each_draft_names_whether_history_or_the_context_held_it():
+    """Draft.source: "history" where only an earlier request held the match's follower, "context" where this
+    request's own text does (prompt lookup would have found it); the run's figures count them apart."""
+    shelf = HistoryShelf()
+    earlier = SuffixDrafter(max_n=4, history=shelf)
+    earlier.prefill([1, 2, 3])
+    earlier.propose([1, 2, 3, 10, 11, 12, 13, 14], _plan(4))
+    now = SuffixDrafter(max_n=4, spec_factor=4.0, history=shelf)
+    now.prefill([20, 11, 12])
+    assert now.propose([20, 11, 12], _plan(8)).source == "history"
+    # the same match once this request has said it itself: (11, 12) -> 13 is in its own context now
+    ctx = [20, 11, 12, 13, 5, 11, 12]
+    assert now.propose(ctx, _plan(8)).source == "context"
+    assert now.propose([20, 30, 31], _plan(8)).source == ""  # nothing drafted names no source
+
+
+def test_the_summary_line_counts_accepted_drafts_by_source():
+    from types import SimpleNamespace
+
+    from specpipe.cli.generate import summary_line
+    from specpipe.events import RunStats
+
+    stats = RunStats(
+        generated_tokens=10,
+        steps=4,
+        drafted=12,
+        accepted=9,
+        drafted_by_source={"history": 8, "context": 4},
+        accepted_by_source={"history": 8, "context": 1},
+    )
+    line = summary_line(SimpleNamespace(stats=stats, stop_reason="eos", drafter="suffix", output_dir="out"))
+    assert "(9/12; history 8/8, context 1/4) |" in line, line
+
+
 def test_draft_size_follows_the_match_and_the_branch_frequency():
     drafter = SuffixDrafter(max_n=8, spec_factor=1.0, min_prob=0.4)
     drafter.prefill([1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 9, 1, 2])

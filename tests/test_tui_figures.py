@@ -51,6 +51,34 @@ def test_the_panel_estimate_is_the_cli_summarys():
     assert rows["peak mem"] == "815 MiB RSS, 528 MLX"  # the CLI's resident figure first, each labelled
 
 
+def test_suffix_drafts_say_whether_they_came_from_history_or_the_context():
+    """draft=suffix: the panel counts accepted / drafted tokens by where each draft came from (Drafted.source),
+    and K names the latest step's."""
+    started = next(e for e in scripted_events() if isinstance(e, RunStarted))
+    events: list = [msgspec.structs.replace(started, drafter="suffix", verify_ratio=RATIO, draft_cost=0.0)]
+    for step, (source, accepted) in enumerate([("history", 4), ("context", 1), ("history", 3)], 1):
+        events.append(Drafted(t=step, step=step, k=4, draft_ids=[7] * 4, seconds=0.001, source=source))
+        held, lost = [7] * accepted, [7] * (4 - accepted)
+        recovered = None if not lost else 3
+        events.append(
+            Verified(
+                t=step + 0.5,
+                step=step,
+                accepted_ids=held,
+                rejected_ids=lost,
+                recovered_id=recovered,
+                bonus_id=None if lost else 5,
+                seconds=0.1,
+            )
+        )
+    figures = Figures()
+    for event in events:
+        figures.consume(event)
+    rows = dict(figures.rows())
+    assert rows["drafted from"] == "history 7/8, context 1/4", rows
+    assert rows["K"].startswith("4 (history) of "), rows
+
+
 def test_plain_decoding_shows_no_budget_acceptance_or_estimate():
     figures = Figures()
     for event in rejected_run(drafter="none"):

@@ -13,6 +13,7 @@ from importlib import resources
 import pytest
 
 ARGS = ["model=tiny-random", "suites=[]", "prompts.file=mine.txt", "prompts.kind=edits", "limit=2", "max_tokens=6"]
+ARGS += ["drafts=[ngram]"]  # one candidate: the tune's routine, not every default drafter
 ARGS += ["ks=[4]", "widen_to=[8]", "widen_at=0.0", "save_as=roundtrip"]  # widen_at=0: the widening path runs too
 
 
@@ -98,6 +99,30 @@ def test_an_unknown_drafter_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "choose from" in proc.stderr, proc.stderr
 
 
+def test_sessions_measure_each_fixed_k_as_a_run_of_its_own(tmp_path):
+    """suites=[sessions] with draft=suffix (both among tune's choices): history goes from request to request, so
+    a fixed K is not measured beside auto in one run (the bench refuses that) but as a run of its own."""
+    import io
+
+    from hydra import compose, initialize_config_module
+
+    import specpipe.config.schema  # noqa: F401  (schemas, resolvers)
+    from specpipe.tune.cli import Progress
+    from specpipe.tune.plan import parse_candidate, task_kinds
+    from specpipe.tune.routine import measure_all
+
+    overrides = ["model=tiny-random", "suites=[sessions]", "limit=4", "max_tokens=6", "ks=[4]", "widen_to=[]"]
+    with initialize_config_module("specpipe.conf", version_base=None):
+        cfg = compose("tune", [*overrides, "warmup=false"])
+    assert "suffix" in cfg.drafts  # a default candidate
+    progress = Progress(8, stream=io.StringIO())
+    [outcome] = measure_all(cfg, [parse_candidate("suffix")], task_kinds(cfg, tmp_path), tmp_path / "r.jsonl", progress)
+    assert outcome.skipped is None, outcome.skipped
+    assert sorted(outcome.options) == ["K=4", "auto"]
+    assert [len(runs) for runs in outcome.options.values()] == [4, 4]
+    assert all(run["lossless"] for runs in outcome.options.values() for run in runs)
+
+
 def test_calibrate_composes_the_run_specpipe_composes():
     """calibrate.yaml repeats config.yaml's defaults (only a primary config may set the search path)."""
     from hydra import compose, initialize_config_module
@@ -157,6 +182,7 @@ def test_a_stopped_tune_keeps_its_measurements_and_the_same_command_resumes(tmp_
     import signal
 
     args = ["model=tiny-random", "suites=[code]", "limit=6", "max_tokens=24", "ks=[4]", "widen_to=[]", "save_as=stop"]
+    args += ["drafts=[ngram]"]
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "specpipe.tune.cli", *args],
@@ -193,7 +219,7 @@ def test_spec_bench_questions_get_a_verdict_per_task(tmp_path):
     ]
     (tmp_path / "question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = ["model=tiny-random", "suites=[]", "prompts.file=question.jsonl", "prompts.format=spec-bench"]
-    args += ["prompts.per_category=1", "max_tokens=4", "ks=[4]", "widen_to=[]", "save_as=specbench"]
+    args += ["drafts=[ngram]", "prompts.per_category=1", "max_tokens=4", "ks=[4]", "widen_to=[]", "save_as=specbench"]
     proc = run("specpipe.tune.cli", args, tmp_path, tmp_path / "config")
     assert proc.returncode == 0, proc.stderr[-2000:]
     tasks = [line.split(":", 1)[0] for line in proc.stdout.split("\n\n", 1)[0].splitlines()]

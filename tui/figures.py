@@ -25,7 +25,7 @@ class Figures:
         self.tree = ""  # tree != chain: the shape label RunStarted carries
         self.vocab_map = ""  # a draft with another tokenizer: its token map and the ids both share
         self.k: int | None = None  # K of the latest step
-        self.source = ""  # draft=chain: the source that drafted the latest step (Drafted.source)
+        self.source = ""  # the latest step's Drafted.source: a chain's source, or suffix's history | context
         self.k_label = ""  # a served chat: the server's K as its budget label gives it (figures.served_k)
         self.step_rates: list[float] = []  # acceptance rate per step, whole chat
         self.stop_reason = ""
@@ -93,8 +93,12 @@ class Figures:
             *([("cached", f"{s.cached_tokens} of {s.prompt_tokens} prompt")] if s.cached_tokens else []),
             ("tokens", f"{s.generated_tokens} in {s.steps} steps"),
             *([("K", self._k_shown())] if speculating else []),
-            # draft=chain: accepted / drafted per source this answer
-            *([("sources", by_source(s.drafted_by_source, s.accepted_by_source))] if s.drafted_by_source else []),
+            # draft=chain: accepted / drafted per source this answer; draft=suffix: from history or the context
+            *(
+                [(self._source_label(), by_source(s.drafted_by_source, s.accepted_by_source))]
+                if s.drafted_by_source
+                else []
+            ),
             ("drafter", self.drafter),
             *([("vocab map", self.vocab_map)] if self.vocab_map else []),
             *([("budget", self.budget)] if speculating else []),
@@ -114,6 +118,10 @@ class Figures:
         if self.served:  # a served answer's steps are the server's; its events carry no step timings
             return Estimate()
         return priced_estimate(self._steps, *self._costs)
+
+    def _source_label(self) -> str:
+        """draft=suffix drafts from earlier requests (history) or this one (context); a chain from its sources."""
+        return "drafted from" if self.drafter == "suffix" else "sources"
 
     def _k_shown(self) -> str:
         """The budget's K for the latest step and the budget it comes from: "4 of fixed(k=8)";

@@ -163,7 +163,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
                 ]
             )
         else:
-            ids = spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, cfg.suite.system)
+            ids = spec.target.encode_prompt(prompt["prompt"], cfg.suite.chat, prompt.get("system", cfg.suite.system))
         spec.target.check_prompt_fits(len(ids))  # e.g. suite=longctx-32k on SmolLM2: one line, before any prefill
         return ids
 
@@ -242,6 +242,7 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             "question": prompt.get("question"),  # Spec-Bench's question_id and category, for its answer files
             "turn": 2 if "after" in prompt else 1,
             "session": prompt.get("session"),  # suite=sessions: the session this request belongs to
+            "history": prompt.get("history"),  # suite=sessions: repeats earlier answers, not its own prompt
             "prompt_tokens": len(ids),
             "order": "baseline-first" if i % 2 == 0 else "spec-first",
             **ab_figures(i, ids),
@@ -278,6 +279,11 @@ def run_bench(cfg, results: str | Path, log=None) -> list[dict]:
             from specpipe.bench.sessions import session_line
 
             log(session_line([r for r in records if r["session"] == prompt.get("session")]))
+    if multi_request:
+        from specpipe.bench.sessions import suite_lines
+
+        for line in suite_lines(records):
+            log(line)
     _write_answers(out, chash, {prompt_key(p) for p in prompts}, spec.target.decode, log)
     return records
 

@@ -85,9 +85,12 @@ def load_suite(
                 continue
             try:
                 row = json.loads(line)
-                prompt = {"id": str(row["id"]), "prompt": str(row["prompt"])}
+                prompt: dict = {"id": str(row["id"]), "prompt": str(row["prompt"])}
                 if "session" in row:  # a multi-request suite (suite=sessions): requests of one session share history
                     prompt["session"] = str(row["session"])
+                    prompt["history"] = bool(row.get("history", False))  # what it repeats is in earlier answers only
+                if "system" in row:  # this request's own system prompt (an agent's), over suite.system
+                    prompt["system"] = str(row["system"])
                 prompts.append(prompt)
             except (ValueError, KeyError, TypeError) as exc:
                 raise SpecpipeError(f'suite {source} line {n}: expected {{"id", "prompt"}} JSON ({exc})') from exc
@@ -109,8 +112,11 @@ def config_hash(snapshot: dict) -> str:
 
 
 def prompt_key(prompt: dict) -> str:
-    """A short hash of what a prompt asks: its text, and for a second turn the text of the turn it follows."""
+    """A short hash of what a prompt asks: its text, and for a second turn the text of the turn it follows; a
+    session's request also by its id (suite=sessions asks the same words twice, as a retrying agent does)."""
     asked = {"prompt": prompt["prompt"], "after": (prompt.get("after") or {}).get("prompt")}
+    if "session" in prompt:
+        asked["request"] = prompt["id"]
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
 
 

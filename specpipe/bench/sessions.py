@@ -1,13 +1,22 @@
 """The `sessions` suite: multi-request workloads where later requests repeat earlier text, the way coding agents,
-editors and tool loops do. Generated here, with no download; `python -m specpipe.bench.sessions` rewrites the
-packaged specpipe/bench/suites/sessions.jsonl (tests/test_bench_sessions.py checks the two agree).
+editors, tool loops and servers do. Generated here, with no download; `python -m specpipe.bench.sessions` rewrites
+the packaged specpipe/bench/suites/sessions.jsonl (tests/test_bench_sessions.py checks the two agree).
 
-Contract: `session_prompts()` returns [{"id", "session", "prompt"}] in request order. specpipe-bench runs a
-session's requests one after another with draft=suffix's store carried between them and cleared between sessions
-(harness.py), and reports each request and each session. Three sessions:
-- edit: one source file edited in four steps; each request sends the current file and asks for all of it back.
-- tool: a tool loop that re-reads a JSON object and asks for it back updated after each tool result.
-- chat: a conversation that quotes an earlier plan and asks for it restated with one change each turn.
+Contract: `session_prompts()` returns [{"id", "session", "history", "prompt", ("system")}] in request order.
+specpipe-bench runs a session's requests one after another with draft=suffix's store carried between them and
+cleared between sessions (harness.py), and reports each request and each session. Every request is a fresh
+conversation (its own system prompt and instruction, no earlier turns). Two kinds of session:
+- history (`"history": true`): what a later request repeats is in an earlier *answer*, not in its own prompt, so
+  only a drafter that remembers earlier requests finds it (SuffixDecoding's agentic case):
+  - retry: an agent re-asks for the same plan after a reset of its context (the same request, then a variant);
+  - sql: an agent asks for variants of one SQL query over the same schema (AgenticSQL-like);
+  - function: a code generator asked for variants of one function;
+  - faq: several clients asking the same question, in the same or other words.
+- prompt (`"history": false`): the repeated text is in the request's own prompt, so prompt lookup finds it too
+  (history adds little; kept as the honest other case):
+  - edit: one source file edited in four steps; each request sends the current file and asks for all of it back.
+  - tool: a tool loop that re-reads a JSON object and asks for it back updated after each tool result.
+  - chat: a conversation that quotes an earlier plan and asks for it restated with one change each turn.
 """
 
 from __future__ import annotations
@@ -108,6 +117,51 @@ PLAN_CHANGES = [
 ]
 
 
+AGENT_SYSTEM = "You are a coding agent working in a Python repository. Answer with what is asked and nothing else."
+
+RETRY_TASK = (
+    "The test `test_parse_dates` fails with ValueError on the input '{date}'. "
+    "Write a numbered plan of at most six steps to fix it."
+)
+RETRY_DATES = ["2024-02-30", "2024-02-30", "2023-13-01"]  # the same request after a reset, then a variant
+
+SQL_SCHEMA = (
+    "Tables: customers(id, name, country) and orders(id, customer_id, total, created_at). "
+    "Write one SQL query that returns {what}. Reply with the query only."
+)
+SQL_ASKS = [
+    "the 5 customers with the highest total order value in 2023, with their names and totals",
+    "the 5 customers with the highest total order value in 2024, with their names and totals",
+    "the 10 customers with the highest total order value in 2023, with their names and totals",
+    "the 5 customers from Germany with the highest total order value in 2023, with their names and totals",
+]
+
+FUNCTION_ASKS = [
+    "Write a Python function `parse_duration(text: str) -> int` that converts strings like '1h30m' or '45s' "
+    "into seconds. Reply with the code only.",
+    "Write a Python function `parse_duration(text: str) -> int` that converts strings like '1h30m' or '45s' "
+    "into seconds, with a docstring. Reply with the code only.",
+    "Write a Python function `parse_duration(text: str) -> int` that converts strings like '2h15m' or '30s' "
+    "into seconds and raises ValueError on anything else. Reply with the code only.",
+]
+
+FAQ_ASKS = [  # one question from several clients: twice the same words, then other words
+    "What is the difference between a list and a tuple in Python?",
+    "What is the difference between a list and a tuple in Python?",
+    "What is the difference between a tuple and a list in Python?",
+    "In Python, what is the difference between a list and a tuple?",
+]
+
+
+def _history_sessions() -> list[tuple[str, list[str]]]:
+    return [
+        ("retry", [RETRY_TASK.format(date=d) for d in RETRY_DATES]),
+        ("sql", [SQL_SCHEMA.format(what=w) for w in SQL_ASKS]),
+        ("function", list(FUNCTION_ASKS)),
+        ("faq", list(FAQ_ASKS)),
+    ]
+
+
 def _edit_session() -> list[str]:
     prompts, text = [], SOURCE
     for instruction, old, new in EDITS:
@@ -145,16 +199,40 @@ def _chat_session() -> list[str]:
 
 
 def session_prompts() -> list[dict]:
-    """Every request of the suite, session after session, each session's in order."""
+    """Every request of the suite, session after session, each session's in order: the history sessions first
+    (`limit=14` runs those alone)."""
     rows = []
+    for name, prompts in _history_sessions():
+        rows += [
+            {"id": f"{name}-{i + 1}", "session": name, "history": True, "system": AGENT_SYSTEM, "prompt": p}
+            for i, p in enumerate(prompts)
+        ]
     for name, prompts in (("edit", _edit_session()), ("tool", _tool_session()), ("chat", _chat_session())):
-        rows += [{"id": f"{name}-{i + 1}", "session": name, "prompt": p} for i, p in enumerate(prompts)]
+        rows += [
+            {"id": f"{name}-{i + 1}", "session": name, "history": False, "prompt": p} for i, p in enumerate(prompts)
+        ]
     return rows
 
 
 def session_line(records: list[dict]) -> str:
-    """One session's figures over its requests: tokens per target forward and the decode speed-up (tokens
-    over decode seconds summed, so a long request weighs as its time does)."""
+    """One session's figures over its requests: tokens per target forward, the decode speed-up (tokens over
+    decode seconds summed, so a long request weighs as its time does) and the drafts from history."""
+    per_request = ", ".join(f"{r['prompt_id']} {r['speedup']:.2f}x" for r in records)
+    return f"[bench session {records[0]['session']}] {group_figures(records)} ({per_request})"
+
+
+def suite_lines(records: list[dict]) -> list[str]:
+    """The suite's totals: over the history sessions, the prompt sessions, and all of them."""
+    groups = [
+        ("history sessions", [r for r in records if r.get("history")]),
+        ("prompt sessions", [r for r in records if not r.get("history")]),
+        ("all sessions", records),
+    ]
+    return [f"[bench sessions] {name}: {group_figures(rows)}" for name, rows in groups if rows]
+
+
+def group_figures(records: list[dict]) -> str:
+    """ "N requests: T tokens/forward (plain P), decode S x, history accepted/drafted" over `records`."""
 
     def totals(run: str) -> tuple[int, int, float]:
         rows = [r[run] for r in records]
@@ -165,12 +243,13 @@ def session_line(records: list[dict]) -> str:
 
     b_tokens, b_forwards, b_seconds = totals("baseline")
     s_tokens, s_forwards, s_seconds = totals("spec")
-    per_request = ", ".join(f"{r['prompt_id']} {r['speedup']:.2f}x" for r in records)
     speedup = (s_tokens / s_seconds) / (b_tokens / b_seconds) if s_seconds and b_seconds else 0.0
+    drafted = sum(r["spec"].get("drafted_by_source", {}).get("history", 0) for r in records)
+    accepted = sum(r["spec"].get("accepted_by_source", {}).get("history", 0) for r in records)
+    history = f", from history {accepted}/{drafted} accepted/drafted" if drafted else ""
     return (
-        f"[bench session {records[0]['session']}] {len(records)} requests: "
-        f"{s_tokens / max(s_forwards, 1):.2f} tokens/forward (plain {b_tokens / max(b_forwards, 1):.2f}), "
-        f"decode {speedup:.2f}x ({per_request})"
+        f"{len(records)} requests: {s_tokens / max(s_forwards, 1):.2f} tokens/forward "
+        f"(plain {b_tokens / max(b_forwards, 1):.2f}), decode {speedup:.2f}x{history}"
     )
 
 

@@ -173,7 +173,7 @@ def summary_line(result) -> str:
     if by:  # a stdout that failed after the last token (stream=false | true) cut only the output
         by = f" by {by}" if result.stop_reason == "interrupted" else f", output cut by {by}"
     plain = getattr(result, "drafter", "") == "none"  # draft=none drafts nothing: no acceptance to state
-    acceptance = "" if plain else f" | acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
+    acceptance = "" if plain else f" | acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted}{_sources(s)})"
     prompt = f"{s.prompt_tokens} tokens{_cached(s)}{_draft_prefill(s)}"
     return (
         f"-- {s.generated_tokens} tokens ({result.stop_reason}{by}){acceptance} | "
@@ -197,6 +197,12 @@ def _worth(result) -> str:
         return f" | {words}"
     span = f" ({low:.1f}-{high:.1f})" if low > 0 and high > 0 else ""
     return f" | ~{whole:.1f}x{span} end to end, decoding {words}"
+
+
+def _sources(s) -> str:
+    """Accepted / drafted per source (draft=chain's sources; draft=suffix's history and context)."""
+    by = s.drafted_by_source
+    return "; " + ", ".join(f"{name} {s.accepted_by_source.get(name, 0)}/{n}" for name, n in by.items()) if by else ""
 
 
 def _chosen(s) -> str:

@@ -9,6 +9,11 @@ draft, as SuffixDecoding's max_spec_factor), where the path's estimated probabil
 each chosen follower's share of its node's count) falls below `min_prob`, or where only a match shorter
 than the first one is left.
 
+Each draft names where it came from (`Draft.source`, counted per answer in RunStats.drafted_by_source /
+accepted_by_source, shown by the TUI, the summary line and the server's `specpipe` field): "context" where this
+request's own text holds the match followed by the draft's first token (prompt lookup would have found it),
+"history" where only earlier requests do.
+
 `last_evidence` is the class budget=auto keeps acceptance rates by: 3 x the match length's bucket
 (1, 2, 3, 4-7, 8-15, 16+) plus the first token's share bucket (< 1/2, < 9/10, above). Proposals are
 point masses (`probs` None): exact under sampling, as n-gram's. Each request is one sequence of the store
@@ -31,6 +36,7 @@ from specpipe.errors import SpecpipeError
 MAX_N = 64  # the trie's deepest level: each appended token updates max_n nodes
 LENGTH_BUCKETS = (1, 2, 3, 4, 8, 16)  # a match of at least LENGTH_BUCKETS[i] tokens is in bucket i
 SHARE_BUCKETS = (0.5, 0.9)  # a first-token share of at least SHARE_BUCKETS[i] is in bucket i + 1
+HISTORY, CONTEXT = "history", "context"  # Draft.source: where the draft's first token followed its match
 
 
 def evidence_class(match_n: int, share: float) -> int:
@@ -75,6 +81,7 @@ class SuffixDrafter(DrafterBase):
         earlier = read_store_file(store_file, self._model) if store_file else None
         self.store: SuffixStore = shelf.store(store_tokens, min_n, max_n, earlier)
         self._seq: int | None = None  # this request's sequence in the store
+        self._match: list[int] = []  # the last lookup's matched suffix
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """A new request: a new sequence of the store (the previous request's stays, as history); with a
@@ -89,7 +96,8 @@ class SuffixDrafter(DrafterBase):
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         self._sync(context_ids)
         ids, self.last_evidence = self._lookup(context_ids, plan.k)
-        return Draft(token_ids=ids)
+        source = "" if not ids else CONTEXT if _followed_in(context_ids, self._match, ids[0]) else HISTORY
+        return Draft(token_ids=ids, source=source)
 
     def hindsight(self, context_ids: list[int], m: int) -> list[int]:
         """What propose would have said before the last m tokens: this request's sequence is cut back to
@@ -122,6 +130,7 @@ class SuffixDrafter(DrafterBase):
         if first is None:
             return [], None
         match_n, node = first
+        self._match = pattern[len(pattern) - match_n :]
         token, count = node.best()
         share = count / node.total
         if share < self.min_prob:
@@ -140,3 +149,25 @@ class SuffixDrafter(DrafterBase):
                 break
             draft.append(token)
         return draft, evidence_class(match_n, share)
+
+
+def _followed_in(context_ids: list[int], gram: list[int], token: int) -> bool:
+    """Whether `gram` followed by `token` occurs in this request's own context (before its last token), i.e.
+    prompt lookup alone would have found the draft's first token; otherwise only earlier requests held it.
+
+    Example: context [4, 5, 6, 4, 5], gram [4, 5]: token 6 -> True (positions 0-2), token 7 -> False.
+    """
+    if not gram:
+        return False
+    n, first = len(gram), gram[0]
+    end = len(context_ids) - n  # the gram must have a follower inside the context
+    i = 0
+    while i < end:
+        try:
+            i = context_ids.index(first, i, end)
+        except ValueError:
+            return False
+        if context_ids[i + n] == token and context_ids[i : i + n] == gram:
+            return True
+        i += 1
+    return False

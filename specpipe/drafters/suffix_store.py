@@ -183,6 +183,23 @@ class HistoryShelf:
                     store.append(store.open(), ids)
             return self._stores[key]
 
+    @property
+    def stores(self) -> int:
+        """Stores on the shelf (one per drafter shape; 0 where no suffix drafter was made)."""
+        return len(self._stores)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held over the shelf's stores (each within its own capacity)."""
+        with self._lock:
+            return sum(store.tokens for store in self._stores.values())
+
+    @property
+    def sequences(self) -> int:
+        """Requests (sequences) held over the shelf's stores."""
+        with self._lock:
+            return sum(store.sequences for store in self._stores.values())
+
     def clear(self) -> None:
         """Empty every store on the shelf: what a new session would start with, keeping the drafters."""
         with self._lock:

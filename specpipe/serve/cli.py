@@ -53,7 +53,7 @@ def _task(cfg) -> None:
     out = Path(hydra_output_dir() or "outputs/serve/last")
     out.mkdir(parents=True, exist_ok=True)
     requests_log, steps_log = JsonlLog(out / "requests.jsonl", TOOL), JsonlLog(out / "steps.jsonl", TOOL)
-    metrics = Metrics(session.prefix_store)
+    metrics = Metrics(session.prefix_store, session.history)
     worker, how = _worker(cfg, session, metrics, steps_log.write, requests_log.write)
     try:
         sock = _bind(cfg.host, cfg.port)

@@ -3,7 +3,8 @@
 Contract: the worker thread and the HTTP layer call `count`, `set`, `observe`, `emitted`;
 `value` reads a counter or gauge back; `render()` returns the exposition text (`CONTENT_TYPE`).
 `Metrics(store)` also exposes the session's prefix store (`STORE_HELP`: hits, misses, tokens reused,
-evictions, bytes and entries held), read from its `stats` at each scrape, so nothing counts twice.
+evictions, bytes and entries held), read from its `stats` at each scrape, so nothing counts twice;
+`Metrics(store, history)` the draft=suffix history's tokens and requests held (`HISTORY_HELP`), likewise.
 Each `Metrics` has its own registry (a test may hold several); thread-safe (prometheus_client's
 locks). The metric names and help texts are the API dashboards read: keep them stable. No HTTP.
 """
@@ -60,6 +61,12 @@ STORE_HELP = {
     "specpipe_prefix_cache_entries": ("gauge", "entries", "Prefixes the prefix store holds."),
 }
 
+# draft=suffix's history of earlier requests (drafters/suffix_store.py HistoryShelf attribute -> metric)
+HISTORY_HELP = {
+    "specpipe_suffix_history_tokens": ("tokens", "Tokens of requests draft=suffix holds (<= draft.store_tokens)."),
+    "specpipe_suffix_history_sequences": ("sequences", "Requests (prompt and answer) draft=suffix's history holds."),
+}
+
 prometheus_client.disable_created_metrics()  # *_created timestamps per series: noise for this server
 
 
@@ -78,9 +85,22 @@ class StoreCollector(Collector):
                 yield GaugeMetricFamily(name, text, value=getattr(stats, field))
 
 
+class HistoryCollector(Collector):
+    """draft=suffix's history (the session's HistoryShelf), read at each scrape; nothing while it holds no store."""
+
+    def __init__(self, history):
+        self.history = history
+
+    def collect(self):
+        if self.history.stores:
+            for name, (field, text) in HISTORY_HELP.items():
+                yield GaugeMetricFamily(name, text, value=getattr(self.history, field))
+
+
 class Metrics:
-    def __init__(self, prefix_store=None):
-        """`prefix_store`: the session's (its figures join the exposition); None: the store is off."""
+    def __init__(self, prefix_store=None, history=None):
+        """`prefix_store`: the session's (its figures join the exposition); None: the store is off. `history`:
+        the session's HistoryShelf (draft=suffix's earlier requests)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self._metrics: dict = {}
         for name, (kind, text) in HELP.items():
@@ -93,6 +113,8 @@ class Metrics:
                 self._metrics[name] = Histogram(name, text, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
         if prefix_store is not None:
             self.registry.register(StoreCollector(prefix_store))
+        if history is not None:
+            self.registry.register(HistoryCollector(history))
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
 

@@ -1,5 +1,6 @@
 """The seeds' routine, measured through the bench's own loop: each candidate and task kind under
-`budget=auto` beside fixed K = 4 / 8, then longer K only where the later draft positions held.
+`budget=auto` beside fixed K = 4 / 8, then longer K only where the later draft positions held. A suite of
+sessions (suite=sessions: history carried from request to request) measures each fixed K as a run of its own.
 
 Contract: `measure_all(cfg, candidates, kinds, results, progress)` calls `specpipe.bench.harness.run_bench`
 for every measurement (it appends each finished prompt to `results` and, with resume, skips the prompts
@@ -78,6 +79,18 @@ def records_of(results: Path, node) -> list[dict]:
     return [r for r in ResultsFile(results).records() if r.get("config_hash") == chash and r.get("prompt_key") in keys]
 
 
+def carries_history(node) -> bool:
+    """Whether the measurement's suite runs requests in sessions (suite=sessions), history carried between them."""
+    from specpipe.bench.records import load_suite
+
+    s = node.suite
+    try:
+        prompts = load_suite(s.name, s.path, node.limit, s.format, s.per_category, s.second_turns)
+    except SpecpipeError:
+        return False  # the measurement itself says what is wrong with the suite, and is skipped
+    return any("session" in p for p in prompts)
+
+
 def tail_acceptance(runs: list[dict], k: int) -> float:
     """Acceptance over draft positions k/2+1..k, pooled over prompts: do long drafts still hold at their end?"""
     lo = k // 2
@@ -103,7 +116,10 @@ def measure_all(cfg, candidates: list[Candidate], kinds: list[Kind], results: Pa
         for kind in kinds:
             outcome = Outcome(candidate, kind)
             outcomes.append(outcome)
-            first = bench_node(cfg, candidate, kind, None, ks, results)
+            # a multi-request suite (suite=sessions) carries history from request to request: a fixed K beside
+            # auto would draft from auto's answers, so each fixed K is a run of its own there
+            separate = carries_history(bench_node(cfg, candidate, kind, None, [], results))
+            first = bench_node(cfg, candidate, kind, None, [] if separate else ks, results)
             progress.plan(outcome_label(outcome), first)
             try:
                 recs = measure(cfg, first, results, progress)
@@ -115,6 +131,11 @@ def measure_all(cfg, candidates: list[Candidate], kinds: list[Kind], results: Pa
                 continue
             outcome.options["auto"] = [spec_run(r) for r in recs]
             for k in ks:
+                if separate:
+                    node = bench_node(cfg, candidate, kind, k, [], results)
+                    progress.plan(f"{outcome_label(outcome)} K={k}", node)
+                    outcome.options[f"K={k}"] = [spec_run(r) for r in measure(cfg, node, results, progress)]
+                    continue
                 outcome.options[f"K={k}"] = [
                     fixed_run(r, str(k)) for r in recs if r.get("fixed") and str(k) in r["fixed"]
                 ]
