@@ -212,13 +212,14 @@ def smollm2_case(smollm2):
 
 @pytest.mark.parametrize("kind", ["layerskip", "mtp"])
 def test_smollm2_greedy_equals_target_alone(smollm2, smollm2_case, tmp_path, kind):
-    """Every K on the real model (one drafter, re-prefilled per run, as sessions do)."""
+    """K = 1, 4, 16 on the real model (one drafter, re-prefilled per run, as sessions do); every K of KS runs on
+    the tiny architectures above, and a real model's sweep of all six cost a minute of the suite."""
     prompt, baseline = smollm2_case
     if kind == "layerskip":
         drafter = LayerSkipDrafter(target=smollm2, depth=8)
     else:
         drafter = MtpDrafter(target=smollm2, head=random_head(smollm2, tmp_path))
-    for k in KS:
+    for k in (1, 4, 16):
         got, _, _, _ = generate(smollm2, drafter, k, prompt, 24)
         assert got == baseline, f"K={k}: " + first_difference(smollm2, prompt, baseline, got)
 
