@@ -21,9 +21,8 @@ and `costs` (budgets/costs.py), which budgets/auto.py's AutoBudget feeds from ea
 The user's knobs are conf/budget/auto.yaml's (`loss_margin`, `explore_cost` beside K's and the probes'). The
 constants below are not a user's choice: FREE says when a cost rounds to nothing (a look back that costs
 a hundredth of a step is taken every plain step rather than scheduled), LOSS_STEPS is the weight of
-evidence `realized` needs before it can be told from noise, a property of the estimator, not a preference,
-and PROBE_HOPE is the least saving a probe is bought to look for (its job is to notice text that changed,
-which no measured rate predicts).
+evidence `realized` needs before it can be told from noise, a property of the estimator, not a preference.
+The short-answer and thin-continuation rules (and PROBE_HOPE) are budgets/probe_rules.py's.
 """
 
 from __future__ import annotations
@@ -31,8 +30,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from specpipe.budgets import probe_rules
 from specpipe.budgets.costs import Costs
-from specpipe.budgets.rates import THIN_TRIALS, Rates, optimistic, rate
+from specpipe.budgets.rates import Rates, optimistic, rate
 from specpipe.core.plan import StepPlan
 from specpipe.costmodel.calibration import expected_speedup
 from specpipe.drafters.chain import ChainStop
@@ -40,9 +40,6 @@ from specpipe.events import BudgetDecision
 
 FREE = 0.01  # a draft or look back cheaper than this share of a target step is free: taken on every plain step
 LOSS_STEPS = 5.0  # drafting steps' worth of this run's timings (forgotten) before `realized` is judged
-# a probe hopes to find at least this saving per later token, even where the optimistic rates promise none (its
-# job is to notice text that changed): what `_repays` weighs a probe's loss against over the answer's rest
-PROBE_HOPE = 0.05
 
 
 class AutoPolicy:
@@ -183,26 +180,8 @@ class AutoPolicy:
         return expected_speedup(alpha, k, c, self.costs.ratio, continuation) >= 1.0
 
     def _repays(self, k: int) -> bool:
-        """A probe of k tokens can repay its expected loss within the answer's expected remaining tokens: the
-        loss is its price (c k + T(k + 1)/T(1) steps) less the tokens the point rates expect of it; the gain,
-        should the optimistic rates be right, the rest of the answer at their speed-up (at least PROBE_HOPE).
-
-        Example (c 0.3, flat verify 1.1, alpha 0.3, g 0.3, optimistic speed-up 1.3): k 2 costs 1.7 steps and
-        yields 1.39 tokens, a loss of 0.31 steps; each later token would save 1 - 1/1.3 = 0.23, so the
-        answer must have 2 + 1 + 0.31 / 0.23 = 4.3 tokens left.
-        """
-        if k <= 0 or math.isinf(self.expected_left):
-            return True
-        r, c, ratio = self.rates, self.costs.c, self.costs.ratio
-        a, g = r.alpha, r.continuation
-        tokens = 1.0 + a * (k if g >= 1.0 else (1 - g**k) / (1 - g))
-        loss = c * k + ratio[min(k + 1, max(ratio))] - tokens
-        if loss <= 0:
-            return True
-        hopeful = (r.alpha_optimistic, r.continuation_optimistic)
-        best = expected_speedup(hopeful[0], self._best(*hopeful), c, ratio, hopeful[1])
-        gain = max(0.0, self.expected_left - k - 1) * max(PROBE_HOPE, 1.0 - 1.0 / best)
-        return gain >= loss
+        """A probe of k tokens can repay its loss within the answer's expected rest (budgets/probe_rules.py)."""
+        return probe_rules.repays(k, self.rates, self.costs.c, self.costs.ratio, self.expected_left, self._best)
 
     def _some_class_pays(self) -> bool:
         return any(self._best(a, g) > 0 for a, g in self.rates.class_rates())
@@ -212,18 +191,8 @@ class AutoPolicy:
         return max(self.probe_k, self._best(self.rates.alpha_optimistic, self.rates.continuation_optimistic))
 
     def _longer(self, k: int, alpha: float, g: float, nxt: list[float], c: float) -> int:
-        """k + 1 where a continuation `nxt` of under THIN_TRIALS trials pays better at its optimistic value
-        and the point rates price k + 1 within `explore_cost` of k's (and above plain); else k. One token
-        further, not to the optimistic peak: a held token thickens the evidence, a long draft lost costs
-        steps. Thicker evidence is not explored."""
-        hopeful = optimistic(nxt)
-        if k == 0 or sum(nxt) >= THIN_TRIALS or hopeful <= g:
-            return k
-        ratio = self.costs.ratio
-        floor = max(1.0, self.explore_cost * expected_speedup(alpha, k, c, ratio, g))
-        near = [m for m in range(1, self.k_max + 1) if expected_speedup(alpha, m, c, ratio, g) >= floor]
-        hoped = {m: expected_speedup(alpha, m, c, ratio, hopeful) for m in near}
-        return max(k, min(k + 1, max(hoped, key=lambda m: (hoped[m], -m))))
+        """k, or k + 1 where a thin continuation is worth testing (budgets/probe_rules.py `longer`)."""
+        return probe_rules.longer(k, alpha, g, nxt, c, self.costs.ratio, self.explore_cost, self.k_max)
 
     # ---------------------------------------------------------------- probes and the loss guard
 
