@@ -1,4 +1,5 @@
-"""budget=auto prices a draft model's prefill (budgets/prefill_price.py) and short answers (budgets/probe_rules.py `repays`, through policy `_repays`).
+"""budget=auto prices a draft model's prefill (budgets/prefill_price.py) and short answers
+(budgets/probe_rules.py `repays`, through policy `_repays`).
 
 Unit: for a given price table the choice is full, window or none. Short answers: a probe the expected
 remaining tokens cannot repay is not bought; a long answer still probes. End to end on a tiny pair: the
