@@ -10,7 +10,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from test_serve_http import COMPLETION, TinyServer
 
 
