@@ -49,12 +49,12 @@ def start(module: str, args: list[str], cwd: Path, **kw) -> subprocess.Popen:
         text=True,
         stdout=kw.pop("stdout", subprocess.PIPE),
         stderr=subprocess.PIPE,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
         **kw,
     )
 
 
-def _default_stop_signals() -> None:
+def default_stop_signals() -> None:
     # a runner started in the background ignores SIGINT, one under nohup SIGHUP (the SIGHUP case then ran on
     # for 120 s, as documented for an ignored signal): the child must not inherit either
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -278,7 +278,7 @@ def _chat_in_a_terminal(args: list[str], cwd: Path, ready: str) -> tuple[int, st
         stdin=slave,
         stdout=slave,
         stderr=slave,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )
     os.close(slave)
     seen, quit_at, deadline = b"", 0.0, time.time() + 120

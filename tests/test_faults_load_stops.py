@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_faults import ENV, _default_stop_signals, error_line
+from test_faults import ENV, default_stop_signals, error_line
 from test_gguf import write_tiny
 
 # Runs `specpipe model.path=<gguf>` in a child whose third dequantized tensor sends it `signum`.
@@ -61,7 +61,7 @@ def test_a_stop_during_a_kquant_load_is_one_line(kquant_gguf, tmp_path, signum, 
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )
     line = error_line(proc.stderr)
     assert "BufferError" not in proc.stderr

@@ -9,7 +9,6 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from test_serve_http import COMPLETION, TinyServer
 
 
@@ -37,21 +36,9 @@ def test_sighup_ends_the_server_as_sigterm_does(tmp_path):
     closed` traceback and lost requests.jsonl lines; now both answers end cut ("length", cut: shutdown, the
     stream with [DONE]), both are logged, and the server exits 129 with its one stop line.
 
-    The tiny random model may end an answer on its own (its end token) between the check that both rows decode
-    and the signal: its batched trajectory depends on when the second row joined (a fresh-clone run at stop 60).
-    Such a try tests nothing and is run again with a new server, up to three times; a wrong cut fails at once."""
-    for attempt in range(3):
-        if _sighup_while_two_answers_decode(tmp_path / f"try{attempt}"):
-            return
-    # in the full suite (not alone) all three tries ended on their own at stop 60: not yet understood, so the
-    # precondition is reported, not passed; a wrong cut in any try above still fails
-    pytest.skip("in three tries an answer ended on its own before SIGHUP landed: nothing was cut to check")
-
-
-def _sighup_while_two_answers_decode(cwd) -> bool:
-    """False when an answer ended on its own before the signal (nothing tested); asserts the cut otherwise."""
-    cwd.mkdir()
-    server = TinyServer(cwd, "draft=none", "max_batch=2", "max_tokens_limit=4096")
+    TinyServer starts the server with SIGHUP at its default: a suite run under nohup once passed its ignored
+    SIGHUP on, the server kept it ignored (as documented for nohup) and decoded on until an end token."""
+    server = TinyServer(tmp_path, "draft=none", "max_batch=2", "max_tokens_limit=4096")
     try:
         with ThreadPoolExecutor(2) as pool:
             whole = pool.submit(server.request, "POST", "/v1/completions", {"prompt": "Count:", "max_tokens": 4000})
@@ -65,10 +52,6 @@ def _sighup_while_two_answers_decode(cwd) -> bool:
             server.proc.send_signal(signal.SIGHUP)
             (status, _, body), (status_s, _, text) = whole.result(timeout=60), stream.result(timeout=60)
         data = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-        chunks = [json.loads(d) for d in data if d != "[DONE]"]
-        streamed = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
-        if "stop" in [body["choices"][0]["finish_reason"], *streamed]:
-            return False  # an end token came first: the signal cut nothing
         assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
         assert body["specpipe"]["cut"] == "shutdown"
         assert status_s == 200 and data[-1] == "[DONE]", text[-500:]
@@ -77,7 +60,6 @@ def _sighup_while_two_answers_decode(cwd) -> bool:
         assert server.proc.returncode == 129 and "Traceback" not in err, err
         assert err.strip().splitlines()[-1].startswith("specpipe-serve: stopped (SIGHUP)"), err
         assert [r["finish_reason"] for r in server.records()] == ["cancelled", "cancelled"]
-        return True
     finally:
         server.close()
 

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from test_faults import default_stop_signals
 
 
 class TinyServer:
@@ -28,6 +29,7 @@ class TinyServer:
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=default_stop_signals,  # under nohup the server would inherit an ignored SIGHUP and keep it
         )
         line = self.proc.stderr.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
