@@ -249,6 +249,9 @@ def test_a_chain_puts_the_suffix_store_in_front_of_a_draft_model():
     suffix = session.drafter.sources[0]  # type: ignore[attr-defined]
     assert suffix.name == "suffix" and suffix.store is session.history.store(200_000, 1, 16)
     assert again.stats.target_forwards < first.stats.target_forwards
+    # the chain keeps the suffix source's own name for its drafts (it once wrote "suffix" over it)
+    assert again.stats.accepted_by_source.get("history", 0) > 0, again.stats.drafted_by_source
+    assert "suffix" not in again.stats.drafted_by_source
 
 
 def test_a_thousand_requests_keep_the_store_within_store_tokens():

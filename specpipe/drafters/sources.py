@@ -1,17 +1,17 @@
 """`draft=chain`: several drafters (`draft.sources=[ngram, model]`) asked in order until one proposes, each
 priced per step by its own measured cost per drafted token and acceptance; a plain step when none pays.
 
-Contract: `ChainDrafter.propose(context_ids, plan)` returns the first paying source's Draft unchanged (its q
-rows too, so a sampled comparator sees the proposing source's distribution: exact), with `Draft.source`
-naming it. A source that runs a model is priced before it is asked (source_price.SourcePrice on the plan's
-k); a free one (no engine, no cost: n-gram, lookahead) is asked first, since asking costs nothing, and its
-draft in hand, priced by its evidence class (n-gram: the match length), goes on unless a later costly
-source is expected to return more. The verdict comes back through
-`rollback(kept_len)`: accepted = kept_len - the context's length, of the tokens the step verified (the
-proposal's Draft, which the step cuts to the budget's k in place). Prefill, rollback, hindsight and hidden
-states go to every source that holds state, so each keeps its own cache consistent with the target's
-accepted tokens whichever source drafted; a tree's verdict goes to the source that drafted it. Nothing
-here imports MLX at import time (preflight calls `check_sources`).
+Contract: `ChainDrafter.propose(context_ids, plan)` returns the first paying source's Draft unchanged (its q rows
+too, so a sampled comparator sees the proposing source's distribution: exact), with `Draft.source` naming it (a
+suffix source's own: history or context). A source that runs a model is priced before it is asked
+(source_price.SourcePrice on the plan's k); a free one (no engine, no cost: n-gram, lookahead) is asked first,
+since asking costs nothing, and its draft in hand, priced by its evidence class (n-gram: the match length), goes
+on unless a later costly source is expected to return more. The verdict comes back through `rollback(kept_len)`:
+accepted = kept_len - the context's length, of the tokens the step verified (the proposal's Draft, which the step
+cuts to the budget's k in place). Prefill, rollback, hindsight and hidden states go to every source that holds
+state, so each keeps its own cache consistent with the target's accepted tokens whichever source drafted; a tree's
+verdict goes to the source that drafted it. Nothing here imports MLX at import time (preflight calls
+`check_sources`).
 
 Towards budget=auto the chain looks like a model drafter with a prompt lookup in front (drafters/model.py
 lookup_min_n), which is the case [ngram, model] of it: `engine` and `cost_per_token` are its first costly
@@ -282,7 +282,7 @@ class ChainDrafter(DrafterBase):
             evidence_free = self.free[i] or s.evidence_is_free
             self.last_evidence = s.last_evidence if evidence_free or not self.evidence_is_free else None
             self.last_tops = s.last_tops
-            draft.source = self.names[i]
+            draft.source = draft.source or self.names[i]  # a suffix source's own: history or context
             self._pending = (i, s.last_evidence if self.free[i] else None, len(context_ids), draft, time.perf_counter())
             break
         else:
