@@ -89,7 +89,7 @@ class ModelDraftConfig(PluginConfig):
     model: str | None = MISSING  # packaged name, or "self" to draft with the target; None: draft.path
     path: str | None = MISSING
     quant: str | None = MISSING  # None: same precision as the target
-    lookup_min_n: int = MISSING  # prompt lookup first where this many context tokens match (0: model only)
+    lookup_min_n: int | None = MISSING  # prompt lookup first where this many tokens match (0: model only; null: auto)
     vocab: int | None = MISSING  # draft head rows: the `vocab` most used ids + the context's; 0: all; null: 32768
     vocab_map: str = MISSING  # another tokenizer: auto | intersection | text (drafters/cross_vocab.py)
     # the recent prompt tokens the draft prefills and keeps (drafters/draft_window.py); null: the whole prompt

@@ -23,7 +23,10 @@ prices those drafts at no draft cost, with rates of their own, and lets the
 lookup draft up to its k_max (the plan's `lookup_k`) whatever K it gives the model, even
 K = 0; a fixed budget's K caps both. With a token tree the lookup proposes the
 trie of earlier matches' continuations (trees/drafting.py); the tree budget
-prices it like the model's tree.
+prices it like the model's tree. Left unset (null, the default), the lookup is
+asked only on a request whose prefill budget=auto skipped ("none"): such a
+request would otherwise decode plain, and on a long prompt with a short answer
+the copied spans pay where the model's prefill does not.
 
 Its prefill waits for the target's first token (`prefill_after_first_token`):
 the pipeline gives that token from a plain step and prefills the draft after
@@ -67,6 +70,9 @@ from specpipe.prefix.snapshot import NotStorable, restore, take
 # The rows a draft head scores by default: the 32k ids most used in code and English text (with the context's,
 # added as they appear); Qwen's 152k-row head shrinks to a fifth (drafters/draft_vocab.py).
 DEFAULT_VOCAB = 32768
+# the unset lookup's shortest match on a request that read no prompt (draft.lookup_min_n=null): a 3-token
+# repeat already followed the same way 91-93 % of the time in summaries of a 600-900-token document (the pair)
+UNREAD_LOOKUP_MIN_N = 3
 
 # What a loaded draft model's drafters share, computed once per (draft engine, target): the tokenizer check and
 # the cut head's gathered rows. A server builds one drafter per request, and for Qwen2.5-Coder-0.5B these took
@@ -99,7 +105,7 @@ class ModelDrafter(DrafterBase):
         quant: str | None = None,
         sampler=None,
         p_min: float = 0.0,
-        lookup_min_n: int = 0,
+        lookup_min_n: int | None = None,
         vocab: int | None = None,
         vocab_map: str = "auto",
         context: int | None = None,
@@ -114,7 +120,8 @@ class ModelDrafter(DrafterBase):
             quant: draft weight precision; None = same as the target's config.
             sampler: specpipe.core.sampling.Sampler; None or temperature 0 drafts greedily.
             p_min: budget=confidence's floor: stop drafting below this top probability (0: never).
-            lookup_min_n: draft by prompt lookup where at least this many context tokens match (0: never).
+            lookup_min_n: draft by prompt lookup where at least this many context tokens match (0: never; None:
+                only on a request whose prefill budget=auto skipped, matching UNREAD_LOOKUP_MIN_N tokens).
             vocab: the draft's LM head scores only the `vocab` most used ids plus the context's and the end
                 ids (drafters/draft_vocab.py); 0: the whole vocabulary; None: DEFAULT_VOCAB where the
                 draft's head can be cut, else the whole vocabulary.
@@ -123,7 +130,7 @@ class ModelDrafter(DrafterBase):
             context: the recent prompt tokens the draft prefills and keeps (drafters/draft_window.py); None: all.
             sinks: with `context`, the first tokens kept as well (attention sinks).
         """
-        if not 0 <= lookup_min_n <= MAX_N:
+        if lookup_min_n is not None and not 0 <= lookup_min_n <= MAX_N:
             raise SpecpipeError(
                 f"draft.lookup_min_n={lookup_min_n} is out of range: 0 (no lookup) or 1..{MAX_N} (3 suits code edits)"
             )
@@ -136,7 +143,11 @@ class ModelDrafter(DrafterBase):
         self._chunk = 0  # ... by this many tokens a step
         self.prefill_tokens: int | None = None  # prompt tokens the last prefill or chunk fed the model
         self._lookup = NgramDrafter(min_n=lookup_min_n, max_n=max(4, lookup_min_n)) if lookup_min_n else None
-        self.evidence_is_free = self._lookup is not None
+        # a request that reads no prompt into the model (budget=auto's "none") still drafts from the prompt for
+        # free: the lookup the user did not set is asked on such requests only, so every other step is as before
+        unread = UNREAD_LOOKUP_MIN_N
+        self._unread_lookup = NgramDrafter(min_n=unread, max_n=max(4, unread)) if lookup_min_n is None else None
+        self.evidence_is_free = self._lookup is not None or self._unread_lookup is not None
         self.sampler = sampler
         self.p_min = p_min
         if model is None and not path:  # a composed config never gets here: preflight refuses it first
@@ -295,8 +306,9 @@ class ModelDrafter(DrafterBase):
         if self._vocab is not None:
             self._vocab.reset(prompt_ids)
             self._vocab_seen = len(prompt_ids)
-        if self._lookup is not None:
-            self._lookup.prefill(prompt_ids)
+        for lookup in (self._lookup, self._unread_lookup):
+            if lookup is not None:
+                lookup.prefill(prompt_ids)
 
     def prefill_planned(self, prompt_ids: list[int], prefill: DraftPrefill | None) -> None:
         """The deferred prefill as budget=auto chose it: the whole prompt, sinks + a window, nothing (the
@@ -344,10 +356,11 @@ class ModelDrafter(DrafterBase):
 
     def propose(self, context_ids: list[int], plan: StepPlan) -> Draft:
         k = plan.k
-        if self._lookup is not None:
+        lookup = self._asked_lookup()
+        if lookup is not None:
             # auto: up to k_max (plan.lookup_k), free; a fixed budget's K caps it (lookup_k 0)
-            draft = self._lookup.propose(context_ids, StepPlan(k=max(k, plan.lookup_k)))
-            self.last_evidence = self._lookup.last_evidence
+            draft = lookup.propose(context_ids, StepPlan(k=max(k, plan.lookup_k)))
+            self.last_evidence = lookup.last_evidence
             if draft.token_ids:
                 self.last_tops = []  # no chain ran: nothing for the chain stop's hold rates
                 return draft
@@ -360,6 +373,11 @@ class ModelDrafter(DrafterBase):
             drafted = self.propose_own(own, k, self._cross.sampler, plan.chain_stop)
             return self._cross.to_target(drafted, context_ids, k)
         return self.propose_own(context_ids, k, self.sampler, plan.chain_stop)
+
+    def _asked_lookup(self) -> NgramDrafter | None:
+        """The prompt lookup this step asks first: the configured one, or on a request that read no prompt the
+        one the user left unset."""
+        return self._lookup or (self._unread_lookup if self._read_nothing else None)
 
     def propose_own(self, context_ids: list[int], k: int, sampler, stop: ChainStop | None = None) -> Draft:
         """Draft k tokens after `context_ids` in this model's own ids (from `sampler`'s q; None: greedy),
@@ -434,8 +452,9 @@ class ModelDrafter(DrafterBase):
         from specpipe.trees.drafting import TreeDraft, model_candidates
         from specpipe.trees.tree import TokenTree
 
-        if self._lookup is not None:
-            tree = self._lookup.propose_tree(context_ids, shape)
+        lookup = self._asked_lookup()
+        if lookup is not None:
+            tree = lookup.propose_tree(context_ids, shape)
             if tree.candidates.tokens:
                 return tree
         if self._cross is not None:  # the draft's tree in its own tokens, moved onto the target's ids
