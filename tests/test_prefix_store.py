@@ -82,6 +82,31 @@ def test_a_restored_snapshot_continues_as_the_live_cache_and_never_aliases_it(ar
         assert mx.allclose(_fed(engine, ids[12:16], short), _fed(engine, ids[12:16], fresh), atol=1e-4).item()
 
 
+@pytest.mark.parametrize("kv", [None, QuantizedKV(bits=8, group_size=32)], ids=["full", "quantized"])
+def test_a_restored_cache_written_and_trimmed_leaves_the_snapshot_as_it_was(kv):
+    """Full and quantized KV restore as views of the snapshot (no copy): a restored cache fed on, trimmed back
+    and written again in place must leave the snapshot as it was, so a second restore continues exactly as a
+    cache fed the same positions."""
+    engine = load_engine("tiny-random", precision="float32", arch="llama", seed=0, tiny=QUANT_TINY)
+    engine.kv = kv
+    ids = [(5 * i + 1) % 200 for i in range(30)]
+    live = engine.make_cache()
+    _fed(engine, ids[:20], live)
+    snap = take(live, 20)
+    first = restore(snap, engine.make_cache())
+    for layer in first:
+        layer.trim(4)  # back to 16 positions: the next write lands in place, in the restored arrays
+    _fed(engine, [8, 8, 8, 8], first)
+    _fed(engine, [9, 9, 9, 9, 9, 9], first)  # grows it
+    cut = restore(snap, engine.make_cache(), 12)  # a cut: the first 12 columns, written in place after a trim
+    for layer in cut:
+        layer.trim(2)
+    _fed(engine, [7, 7], cut)
+    again, fresh = restore(snap, engine.make_cache()), engine.make_cache()
+    _fed(engine, ids[:20], fresh)
+    assert mx.array_equal(_fed(engine, ids[20:25], again), _fed(engine, ids[20:25], fresh)).item()
+
+
 def test_store_takes_the_longest_prefix_cuts_full_kv_and_evicts_least_recently_used():
     engine = tiny("llama")
     ids = [(5 * i + 1) % 200 for i in range(40)]

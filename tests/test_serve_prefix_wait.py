@@ -5,6 +5,8 @@ decoding."""
 
 from __future__ import annotations
 
+import queue
+
 from specpipe.batch.decoder import BatchDecoder
 from specpipe.prefix.store import PrefixStore
 from specpipe.serve.batch_worker import BatchWorker
@@ -81,3 +83,54 @@ def test_a_third_question_after_two_stored_ones_reuses_the_system_prompt():
         worker.close()
     assert done[2].stats["cached_tokens"] >= len(system), [d.stats["cached_tokens"] for d in done]
     assert done[2].text == solo_text(target, system + questions[2], 6)
+
+
+class _OrderedStore(PrefixStore):
+    """A prefix store that notes each `keep` in a shared list of what happened, in order."""
+
+    def __init__(self, order: list, *args):
+        super().__init__(*args)
+        self.order = order
+
+    def keep(self, ids, target_cache, drafter_state=None):
+        self.order.append(("keep", tuple(ids)))
+        return super().keep(ids, target_cache, drafter_state)
+
+
+class _OrderedOut(queue.Queue):
+    """A job's output queue that notes each piece's tag in the same list."""
+
+    def __init__(self, order: list):
+        super().__init__()
+        self.order = order
+
+    def put(self, item, block=True, timeout=None):
+        self.order.append((item[0], None))
+        super().put(item, block, timeout)
+
+
+def test_a_joining_prompt_is_stored_after_its_first_tokens_are_out():
+    """The store's copy of a joining prompt is not on the way to its first token: the worker puts the row's first
+    delta before it keeps the prompt (the timeline: first_token, then kept), and a request with the same prompt
+    afterwards still takes all but its last token from the store; both answers equal solo draft=none decoding."""
+    target = tiny("llama")
+    prompt = target.encode_prompt(" ".join(f"rule{i}" for i in range(30)), chat=False)
+    order: list = []
+    store = _OrderedStore(order, 1 << 30, target.make_cache)
+    decoder = BatchDecoder(target, plugins, prefix_store=store)
+    decoder.stop_ids = set()
+    worker = BatchWorker(decoder, 4, 8, Metrics(store), prefix_wait_tokens=32)
+    try:
+        first = Job(prompt_ids=prompt, max_tokens=6, out=_OrderedOut(order))
+        worker.submit(first)
+        _, done = collect(first)
+        again = Job(prompt_ids=prompt, max_tokens=6)
+        worker.submit(again)
+        _, repeated = collect(again)
+    finally:
+        worker.close()
+    assert done.text == repeated.text == solo_text(target, prompt, 6)
+    kept = order.index(("keep", tuple(prompt[:-1])))
+    assert order.index(("delta", None)) < kept, order
+    assert done.stats["timeline"]["first_token"] <= done.stats["timeline"]["kept"]
+    assert repeated.stats["cached_tokens"] == len(prompt) - 1

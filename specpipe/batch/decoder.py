@@ -18,13 +18,14 @@ A step or a join that raises part-way leaves the batch's storage unknown: the ca
 `clear()` (a join does so itself and raises `BatchLost`); a request still joining keeps its own solo cache.
 
 Prefix store (`prefix_store`, specpipe/prefix/; the Session's `prefix_store`): `begin` restores the longest
-stored prefix of the prompt into the request's solo cache, and `join` keeps the prompt's cache there before
-copying it into the batch; a finished row keeps its prompt and answer (full-attention and recurrent layers;
-a window layer's row is not rebuilt). Why copies rather than copy-on-write: a RaggedBatch writes every row
-at one shared column into one [B, H, cols, D] buffer per layer, so a row cannot point at another buffer's
-columns; the copy at join is the one the batch always made from the solo cache (a prefill costs a forward
-per chunk, a copy one memory pass), and the store's own copy is what keeps its entry safe from in-place
-writes.
+stored prefix of the prompt into the request's solo cache, and `join` copies that cache into the batch and sets
+it aside for the store, which `keep_joined()` writes: a server calls it once the row's first tokens are out (the
+store's copy is not on the path to the first token); `step()` and `begin` call it themselves, so a lookup always
+sees every joined prompt. A finished row keeps its prompt and answer (full-attention and recurrent layers; a
+window layer's row is not rebuilt). Why copies rather than copy-on-write: a RaggedBatch writes every row at one
+shared column into one [B, H, cols, D] buffer per layer, so a row cannot point at another buffer's columns; the
+copy at join is the one the batch always made from the solo cache (a prefill costs a forward per chunk, a copy
+one memory pass), and the store's own copy is what keeps its entry safe from in-place writes.
 
 Events: every row yields what a chain run yields (events.py), on the row's own clock (t = 0 when
 it was admitted, `begin`): PrefillDone once it joins, then per step [DraftPrefilled], Drafted,
@@ -278,6 +279,7 @@ class BatchDecoder:
         self.storage = BatchStorage(self.cache)  # every row's: one forward over the batch, one commit
         self.rows: list[Row] = []
         self.stop_ids = target.eos_token_ids
+        self._unkept: list[_Unkept] = []  # joined prompts not in the store yet (keep_joined)
 
     def add(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None, **sampling) -> Row:
         """Prefill one request alone, then make it a row of the batch (between steps).
@@ -294,6 +296,7 @@ class BatchDecoder:
         """A request that will join: its plug-ins and an empty solo cache; `Admission.prefill(n)` feeds
         its prompt n tokens at a time (between decode steps, so the active rows do not stall), then
         `join` makes it a row. `k`: this request's own fixed K (None: its budget plans)."""
+        self._keep_joined()  # its lookup finds every prompt that joined before it
         p = self.plugins(seed, **sampling)
         p.drafter.use_rollback(p.rollback if p.rollback is not None else _trim())
         draft_capture = p.drafter.capture  # an MTP head reads the target's hidden states, an EAGLE-3 head its taps
@@ -329,7 +332,7 @@ class BatchDecoder:
         """The prefilled request becomes a row of the batch (between steps)."""
         row = cast(Row, admission.row)
         done = admission.admitted(row.since_admission)  # a prompt fed over several steps waited between its chunks
-        self._keep(row, admission.cache)
+        unkept = self._unkept_prompt(row, admission.cache)
         try:
             row_id = row.row_id = self.cache.add(admission.cache, length=len(row.prompt_ids) - 1)
             kv = row.draft_capture.kv if row.draft_capture is not None else None
@@ -340,9 +343,31 @@ class BatchDecoder:
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise BatchLost(f"joining the batch failed ({type(exc).__name__}: {first})") from exc
         self.rows.append(row)
+        if unkept is not None:
+            self._unkept.append(unkept)
         row.collector.consume(done)
         row.pending.append(done)
         return row
+
+    def keep_joined(self) -> list[tuple[Row, Exception | None]]:
+        """Write the prompts of the rows that joined since the last call into the prefix store (their solo caches,
+        which nothing writes after the join). Returns each of those rows with what its keep raised (None: kept,
+        or refused by its cache kind, `PrefixStore.refusal`); `step` and `begin` raise the first failure."""
+        unkept, self._unkept = self._unkept, []
+        done: list[tuple[Row, Exception | None]] = []
+        for u in unkept:
+            try:
+                self.prefix_store.keep(u.ids, u.cache, u.drafter_state)  # type: ignore[union-attr]  # _unkept_prompt
+            except Exception as exc:  # noqa: BLE001  (the caller says whose request it was)
+                done.append((u.row, exc))
+            else:
+                done.append((u.row, None))
+        return done
+
+    def _keep_joined(self) -> None:
+        failed = next((exc for _, exc in self.keep_joined() if exc is not None), None)
+        if failed is not None:
+            raise failed
 
     def clear(self) -> None:
         """Every row leaves and the batch's storage starts empty (after a step or a join that failed part-way)."""
@@ -357,12 +382,14 @@ class BatchDecoder:
             self.cache.keep_rows(keep)
             self.rows = [self.rows[i] for i in keep]
 
-    def step(self, k: int | None = None) -> StepReport:
+    def step(self, k: int | None = None, keep_joined: bool = True) -> StepReport:
         """One plan -> propose -> verify -> settle -> emit round for every row (core/step.py); finished rows
         leave after it.
 
         Args:
             k: the K of every row this step (a K override); None: each row's own K or budget plans.
+            keep_joined: write the prompts joined before this step into the prefix store after its forward;
+                False: the caller does (`keep_joined()`, once it has sent the step's tokens).
         """
         for row in self.rows:
             row.k_override = row.k if row.k is not None else k
@@ -384,6 +411,8 @@ class BatchDecoder:
             asked = next((e for e in s.events if isinstance(e, Drafted) and e.k > 0), None)
             if asked is not None:
                 s.row.rho = RHO_DECAY * s.row.rho + (1 - RHO_DECAY) * bool(asked.draft_ids)
+        if keep_joined:
+            self._keep_joined()
         for row in self.rows:
             if row.finished:
                 self._keep(row)  # its prompt and answer, for the request that continues the conversation
@@ -419,21 +448,38 @@ class BatchDecoder:
             events.append(row.ended)
         return RowStep(row, pending + events)
 
-    def _keep(self, row: Row, cache: list | None = None) -> None:
-        """The row's context but its newest token into the prefix store: from its solo cache at join, else
-        rebuilt from its row of the batch (a finished row, before it leaves)."""
+    def _unkept_prompt(self, row: Row, cache: list) -> _Unkept | None:
+        """A joining row's prompt but its last token, its solo cache and its drafter's state at that length, set
+        aside for `keep_joined` (the drafter's state now: its first step moves it on); None without a store."""
+        if self.prefix_store is None or len(row.context) < 2:
+            return None
+        held = row.context[:-1]
+        state = row.drafter.prefix_state(row.context, len(held)) if row.draft_ready else None
+        return _Unkept(row, held, cache, state)
+
+    def _keep(self, row: Row) -> None:
+        """A finished row's context but its newest token into the prefix store, rebuilt from its row of the
+        batch before it leaves."""
         store = self.prefix_store
-        if store is None or len(row.context) < 2:
+        if store is None or len(row.context) < 2 or row.row_id is None:
             return
+        cache = self.cache.row_cache(row.row_id, self.target.make_cache())
         if cache is None:
-            if row.row_id is None:
-                return
-            cache = self.cache.row_cache(row.row_id, self.target.make_cache())
-            if cache is None:
-                return
+            return
         held = row.context[:-1]
         state = row.drafter.prefix_state(row.context, len(held)) if row.draft_ready else None
         store.keep(held, cache, state)
+
+
+@dataclass
+class _Unkept:
+    """A joined row's prompt waiting for `keep_joined`: the ids its solo cache holds, that cache, its drafter's
+    state at that length."""
+
+    row: Row
+    ids: list[int]
+    cache: list
+    drafter_state: Any
 
 
 def _trim():

@@ -3,8 +3,14 @@
 Contract: `take(cache, length)` copies every leaf's held state into new arrays (MLX caches are written in place by
 slice assignment, so a snapshot that shared an array with a live cache would change under it) and returns a
 `Snapshot`, or raises `NotStorable` naming a leaf kind it cannot copy. `restore(snapshot, fresh, length)`
-writes copies of those arrays into `fresh` (a cache of the same model and KV policy) and returns it: the
+writes those arrays into `fresh` (a cache of the same model and KV policy) and returns it: the
 cache a run would have had after feeding the same ids, position for position. Never runs a model.
+
+Full and quantized KV are restored as new array objects over the snapshot's buffers, not copies: an MLX write
+(`keys[..., a:b, :] = x`) rebinds the array object it is made through to a new result and reuses a buffer in place
+only when nothing else holds it, so the snapshot, holding its own objects, never changes; and a restored
+KVCache holds exactly its positions, so its first write grows it (mlx-lm's concatenate: the one copy a restore
+needs, made by the prefill of the rest instead of before it). The other kinds are copied.
 
 What each leaf kind keeps (engine/kv.py, rollbacks/layers.py):
 - KVCache (kv=full) and QuantizedKVCache (kv=quantized): the first `length` columns (a cache holding more,
@@ -123,10 +129,10 @@ def restore(snapshot: Snapshot, fresh: list, length: int | None = None) -> list:
     for leaf, (kind, state) in zip(leaves, snapshot.leaves):
         if type(leaf) is not kind:
             raise ValueError(f"restore: a {type(leaf).__name__} layer for a stored {kind.__name__}")
-        if kind is KVCache:
-            leaf.state = (_cut(state[0], length, copy=True), _cut(state[1], length, copy=True), length)
+        if kind is KVCache:  # views, not copies (the module docstring says why the entry stays as it was)
+            leaf.state = (_cut(state[0], length, copy=False), _cut(state[1], length, copy=False), length)
         elif kind is QuantizedKVCache:
-            keys, values = (None if p is None else tuple(_cut(a, length, copy=True) for a in p) for p in state[:2])
+            keys, values = (None if p is None else tuple(_cut(a, length, copy=False) for a in p) for p in state[:2])
             leaf.state = (keys, values, length, state[3], state[4])
         elif kind in (WindowKVCache, ExactChunkedKVCache):
             keys, values, offset, start = state
@@ -141,7 +147,10 @@ def restore(snapshot: Snapshot, fresh: list, length: int | None = None) -> list:
 
 
 def _cut(a: Any, n: int | None, copy: bool = True) -> Any:
-    """A copy of the first n columns (axis 2, positions) of a KV array; None stays None."""
+    """The first n columns (axis 2, positions) of a KV array, copied or (copy=False, n given) a new array object
+    over the same buffer; None stays None."""
     if a is None:
         return None
+    if not copy and n is not None:
+        return a[..., :n, :]
     return _copy(a if n is None else a[..., :n, :])

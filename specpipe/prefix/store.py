@@ -4,7 +4,7 @@ Contract (what the drivers and the server call; stable):
 - `PrefixStore(max_bytes, make_cache)`: `make_cache()` gives a fresh empty target cache (the Engine's).
 - `lookup(ids) -> Hit | None`: the longest stored prefix of `ids` that a request may reuse, at most
   len(ids) - 1 positions (the target cache never holds the newest token: the first step feeds it). The
-  Hit holds `tokens` (positions reused), `cache` (a fresh cache restored to them: the store's copy is
+  Hit holds `tokens` (positions reused), `cache` (a fresh cache restored to them: the store's arrays are
   never handed out) and `drafter_state` (what the drafter kept with that snapshot, or None when the entry
   was cut shorter or the drafter kept nothing). An entry sharing only part of `ids` serves when its cache
   kind trims exactly (full / quantized KV: cut to the shared part, as mlx-lm's `fetch_nearest_cache`

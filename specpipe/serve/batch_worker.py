@@ -147,7 +147,7 @@ class BatchWorker:
                     self._idle.run(self._busy)
                 continue
             try:
-                report = self.decoder.step()
+                report = self.decoder.step(keep_joined=False)  # a joined prompt is stored after its first tokens
             except Exception as exc:  # a failed step fails its rows, not the server
                 self._fail_batch(f"{fault(exc)}: this step failed, and every request in it")
                 continue
@@ -159,6 +159,18 @@ class BatchWorker:
                     self._emit(a, step)
                 except Exception as exc:  # its answer cannot go on (a detokenizer, a stop string): it alone ends
                     self._fail(a, f"{fault(exc)}: this request failed; the server goes on")
+            self._keep_joined()
+
+    def _keep_joined(self) -> None:
+        """The prompts that joined before this step into the prefix store, now that their first tokens are out
+        (a later request sharing one finds it: `begin` looks only after this); a failed keep fails its request."""
+        for row, exc in self.decoder.keep_joined():
+            a = next((a for a in self._active if a.row is row), None)
+            if exc is not None:
+                if a is not None:
+                    self._fail(a, f"{fault(exc)}: this request failed; the server goes on")
+            elif a is not None:
+                a.job.mark("kept")
 
     def _busy(self) -> bool:
         return not self._jobs.empty() or self._closing.is_set()
@@ -238,6 +250,7 @@ class BatchWorker:
                 budget -= n
             if joining.done:
                 self._joining.remove(entry)
+                job.mark("prefilled")
                 try:
                     row = self.decoder.join(joining)
                 except BatchLost as exc:  # the batch's storage failed: every row left it

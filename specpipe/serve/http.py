@@ -166,6 +166,7 @@ async def _complete(state: ServeState, http: Request, parse) -> Response:
 
 
 async def _answer(state: ServeState, http: Request, parse, route: str, rid: str) -> Response:
+    received = time.perf_counter()
     try:
         request = parse(await _body(http))
         if request.model and request.model not in state.aliases:
@@ -177,6 +178,7 @@ async def _answer(state: ServeState, http: Request, parse, route: str, rid: str)
             return _json(404, error_body(message, "invalid_request_error", "model_not_found"))
         job, seed = await run_in_threadpool(_job, state, request)  # tokenizing a long prompt blocks no stream
         job.out = _Bridge(asyncio.get_running_loop())
+        job.timeline["received"] = round(received - job.submitted, 4)
         state.worker.submit(job)
     except BadRequest as exc:
         state.metrics.count("specpipe_requests_total", status="bad_request")
@@ -329,6 +331,7 @@ async def _stream(state: ServeState, kind: str, rid: str, job: Job, seed: int | 
             )
         async for tag, value in _results(job):
             if tag == "delta":  # an answer.Delta, from either worker
+                job.mark("sent")
                 yield _event(chunk_body(kind, rid, model, value.text) | {"specpipe": delta_fields(value)})
             elif tag == "error":
                 ended = True

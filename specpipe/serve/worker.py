@@ -38,12 +38,14 @@ class Job:
     sampling: dict = field(default_factory=dict)  # this request's temperature= / top_p= (batched serving)
     k: int | None = None  # this request's fixed K (the body's specpipe.k); None: the server's budget plans
     end_step: float | None = None  # the server's step count when the worker ended it cancelled (/metrics)
-    # batching: seconds from `submitted` to when the worker held, began, joined and first emitted it
-    # (requests.jsonl's `timeline`: where a request's time to first token went)
+    # requests.jsonl's `timeline`, where a request's time to first token went, in seconds since `submitted`:
+    # received (negative: the body read, the chat template, tokenizing), then in the batching worker held, begun,
+    # prefilled, joined, first_token, kept (its prompt in the prefix store), and sent (its first chunk handed to
+    # the HTTP layer, streamed answers)
     timeline: dict[str, float] = field(default_factory=dict)
 
     def mark(self, moment: str) -> None:
-        """Stamp `moment` (held, begun, joined, first_token) once, in seconds since the job was submitted."""
+        """Stamp `moment` once, in seconds since the job was submitted."""
         self.timeline.setdefault(moment, round(time.perf_counter() - self.submitted, 4))
 
 
