@@ -214,6 +214,7 @@ def test_seeded_sampling_is_reproducible_per_request(small):
 
 
 def test_metrics_are_prometheus_text(small):
+    small.chat("the cat sat on the mat, the cat sat on the", max_tokens=16)  # its own traffic: it passes alone too
     with urllib.request.urlopen(small.base + "/metrics", timeout=30) as resp:
         text = resp.read().decode()
         assert resp.headers["Content-Type"].startswith("text/plain")

@@ -38,7 +38,7 @@ HELP = {
     "specpipe_accepted_tokens_total": ("counter", "Drafted tokens the target accepted."),
     "specpipe_generated_tokens_total": ("counter", "Tokens emitted to clients."),
     "specpipe_tokens_per_second": ("gauge", "Tokens emitted per second over the last 10 s, all requests."),
-    "specpipe_ttft_seconds": ("histogram", "Time to first token: request received to first token decoded."),
+    "specpipe_ttft_seconds": ("histogram", "Time to first token: request queued (prompt read) to first token."),
     "specpipe_inter_token_seconds": ("histogram", "Gap between a request's consecutive steps that emitted tokens."),
     "specpipe_request_seconds": ("histogram", "Request received to last token."),
 }
