@@ -22,7 +22,7 @@ from specpipe.engine.load.loader import load_engine
 pytestmark = pytest.mark.parity
 
 LAYERS = 6
-ATOL = 1e-4  # float32 throughout; measured max abs diff up to 9.5e-6 (docs/drafters.md)
+ATOL = 1e-4  # float32 throughout; measured max abs diff up to 9.5e-6 (docs/verification.md)
 
 
 def tiny_target(arch: str):
