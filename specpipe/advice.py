@@ -10,8 +10,9 @@ drafter's cost per drafted token and the budget's K.
   acceptance (conf/budget/auto.yaml prior_alpha, 50%), the acceptance it assumes before any draft is seen.
   Requiring a loss even at full acceptance (K·c + T(K+1)/T(1) >= K + 1) almost never fired: a 12-of-30
   layer draft costs ~0.5 of a step per token, 5.7 steps for K = 8 against 9 tokens at best, yet it accepts
-  2-9% (docs/drafters.md) and runs at ~0.2x. The line says the acceptance the setting needs, so a drafter
-  that does reach it (an early exit trained for it) knows the warning does not apply.
+  2-9% (docs/benchmarks/log/2026-12-06-drafters-sittings.md) and runs at ~0.2x. The line says the acceptance
+  the setting needs, so a drafter that does reach it (an early exit trained for it) knows the warning does not
+  apply.
 - A draft model with another tokenizer that shares few of the target's token ids (a token map:
   drafters/cross_vocab.py): its drafts rarely line up with the target's tokens, so most are rejected.
 """
